@@ -1,0 +1,160 @@
+// The cache: paged K/V storage for many sequences in a palette of formats over one budget.
+//
+// Thread-safety: a Cache is thread-safe. Every method takes one internal mutex; an engine's
+// scheduler thread drives it while other threads (metrics, tools) read stats concurrently.
+//
+// Every fallible method returns absl::Status or absl::StatusOr and, on failure, leaves the
+// cache exactly as it was. Nothing throws.
+//
+// Typical step of an engine:
+//   cache->Append(seq, 1, &slots);          // reserve a slot for the new token
+//   cache->WriteKV(layer, slots, kv);        // for each layer, after computing K/V
+//   cache->BuildPageTables(batch, &tables);  // for attention
+//   cache->EndStep();                        // retire freed pages, return empty slabs
+#ifndef KVTIER_CACHE_H_
+#define KVTIER_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvtier/export.h"
+#include "kvtier/ids.h"
+#include "kvtier/options.h"
+#include "kvtier/page_tables.h"
+#include "kvtier/stats.h"
+
+namespace kvtier {
+
+// Element types of tensors passed in. WriteKV accepts kFloat16 and kBFloat16.
+enum class DType : uint8_t { kFloat16, kBFloat16, kFloat32 };
+
+// K and V of `num_tokens` new tokens of one layer, each a contiguous row-major array
+// [num_tokens, num_heads, head_dim] of `dtype`. The caller owns the memory.
+struct KVInput {
+  DType dtype = DType::kFloat16;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t num_tokens = 0;
+  int32_t num_heads = 0;
+  int32_t head_dim = 0;
+};
+
+enum class BlockState : uint8_t {
+  kFree,    // not holding data; its id is stale
+  kInUse,   // referenced by at least one sequence
+  kCached,  // unreferenced, kept for prefix reuse, evictable
+};
+
+struct BlockInfo {
+  BlockState state = BlockState::kFree;
+  int32_t format = 0;     // palette index
+  int32_t page = 0;       // page index in that format's pools
+  int32_t ref_count = 0;  // sequences holding the block
+  int32_t num_tokens = 0;  // tokens filled, block_tokens when full
+};
+
+// One (format, layer) pool as external kernels see it: page p starts at
+// base + p * page_bytes, and each part of a page sits at a fixed offset (see FORMATS.md).
+// Only pages inside mapped slabs are accessible; touching another faults.
+struct PoolInfo {
+  void* base = nullptr;
+  int64_t page_bytes = 0;
+  int64_t capacity_pages = 0;     // page indices are below this
+  int64_t k_offset = 0;           // K payload [heads, block_tokens, row_bytes]
+  int64_t v_offset = 0;           // V payload, same shape
+  int64_t row_bytes = 0;          // payload bytes per (head, token), K and V alike
+  int64_t k_micro_offset = 0;     // NVFP4: E4M3 micro-scales of K (V's follow at v_micro_offset)
+  int64_t v_micro_offset = 0;
+  int64_t k_scale_offset = 0;     // fp32 per-(block, head) or per-(token, head) scales
+  int64_t v_scale_offset = 0;
+  float k_tensor_scale = 1.f;     // for per-tensor codecs: real = stored x scale
+  float v_tensor_scale = 1.f;
+};
+
+class KVTIER_EXPORT Cache {
+ public:
+  // Creates a cache, reserving address space for every (format, layer) pool. Fails with
+  // InvalidArgument naming the field when `options` is invalid, Unimplemented when the
+  // backend is not built in, or the backend's error when memory cannot be reserved.
+  static absl::StatusOr<std::unique_ptr<Cache>> Create(const Options& options);
+
+  Cache() = default;
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+  virtual ~Cache();
+
+  virtual const Options& options() const = 0;
+
+  // ---- Sequences ----
+
+  // A new, empty sequence.
+  virtual absl::StatusOr<SequenceId> AddSequence() = 0;
+
+  // Reserves slots for `num_tokens` new tokens at the end of `seq`, allocating hot blocks as
+  // needed (a tail block shared after Fork is copied first). Appends to `slots` one entry per
+  // token: page * block_tokens + offset in the hot format's pools (vLLM's slot_mapping).
+  // Errors: NotFound (unknown or stale seq), InvalidArgument (num_tokens < 1),
+  // ResourceExhausted (the budget cannot hold the new blocks).
+  virtual absl::Status Append(SequenceId seq, int64_t num_tokens,
+                              std::vector<int64_t>* slots) = 0;
+
+  // A new sequence with the same tokens as `parent`: full blocks are shared, and the partial
+  // tail is shared until either sequence appends, which copies it first.
+  virtual absl::StatusOr<SequenceId> Fork(SequenceId parent) = 0;
+
+  // Drops `seq` and its references; blocks no other sequence holds are freed. Their pages are
+  // reused only after the backend's fence for this step has passed. NotFound when unknown or
+  // already released.
+  virtual absl::Status Release(SequenceId seq) = 0;
+
+  virtual absl::StatusOr<int64_t> SequenceLength(SequenceId seq) const = 0;
+  // The blocks of `seq` in order.
+  virtual absl::StatusOr<std::vector<BlockId>> SequenceBlocks(SequenceId seq) const = 0;
+  // NotFound when `block` is unknown or stale.
+  virtual absl::StatusOr<BlockInfo> GetBlockInfo(BlockId block) const = 0;
+
+  // ---- Data ----
+
+  // Writes K/V of `kv.num_tokens` tokens of `layer` into `slots` (as returned by Append),
+  // encoding them into the hot format. REQUIRES: kv.dtype FP16 or BF16, kv shape
+  // [slots.size(), num_kv_heads, head_dim]; every slot reserved and in a block that only one
+  // sequence holds. InvalidArgument otherwise, before anything is written.
+  virtual absl::Status WriteKV(int32_t layer, absl::Span<const int64_t> slots,
+                               const KVInput& kv) = 0;
+
+  // Decodes `seq`'s K and V of `layer` to FP32, each [length, num_kv_heads, head_dim].
+  // InvalidArgument when a span has the wrong size.
+  virtual absl::Status ReadKV(SequenceId seq, int32_t layer, absl::Span<float> k,
+                              absl::Span<float> v) const = 0;
+
+  // The pool of palette format `format` in `layer`. InvalidArgument when out of range.
+  virtual absl::StatusOr<PoolInfo> GetPool(int32_t format, int32_t layer) const = 0;
+
+  // ---- Step ----
+
+  // Page tables for `batch`, in its order, into `tables` (whose vectors are reused).
+  // NotFound for an unknown sequence, leaving `tables` unchanged.
+  virtual absl::Status BuildPageTables(absl::Span<const SequenceId> batch,
+                                       PageTables* tables) const = 0;
+
+  // Ends a decode step: records the backend fence for work issued so far, returns pages whose
+  // fences have passed to their slabs and empty slabs to the budget.
+  virtual absl::Status EndStep() = 0;
+
+  // ---- Introspection ----
+
+  virtual CacheStats GetStats() const = 0;
+
+  // Verifies every internal invariant: each block in exactly one state, reference counts equal
+  // references, free + used = capacity per pool, every used page inside a mapped slab.
+  // Internal with a description of the first violation. Cost: O(blocks + pages).
+  virtual absl::Status CheckConsistency() const = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_CACHE_H_

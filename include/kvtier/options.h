@@ -1,0 +1,71 @@
+// Options that shape a cache: its geometry, memory budget, format palette and backend.
+#ifndef KVTIER_OPTIONS_H_
+#define KVTIER_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kvtier/export.h"
+#include "kvtier/format.h"
+
+namespace kvtier {
+
+struct Geometry {
+  // Transformer layers whose K/V the cache holds. REQUIRES: 1 to 1024.
+  int32_t num_layers = 1;
+  // Key/value heads per layer (GQA groups share one). REQUIRES: 1 to 256.
+  int32_t num_kv_heads = 1;
+  // Elements per head. REQUIRES: a multiple of 16, 16 to 1024 (NVFP4 micro-blocks are 16 wide).
+  int32_t head_dim = 128;
+  // Tokens per block (the page size). A larger block reads faster through a page table but
+  // shares prefixes more coarsely. REQUIRES: 1 to 1024.
+  // Default: 16 (one NVFP4 per-channel micro-block per block column).
+  int32_t block_tokens = 16;
+};
+
+enum class BackendKind : uint8_t {
+  // Host memory; the reference data plane. Runs everywhere.
+  kCpu,
+  // NVIDIA GPU through the CUDA virtual-memory API. Needs a build with KVTIER_WITH_CUDA.
+  kCuda,
+};
+
+struct Options {
+  Geometry geometry;
+
+  // Bytes of page memory across all layers and formats. The budget is cut into slabs of
+  // `slab_bytes` per layer that move between format pools. REQUIRES: at least one slab in
+  // every layer, i.e. >= slab_bytes * num_layers. Default: 256 MiB.
+  size_t memory_budget_bytes = size_t{256} << 20;
+
+  // The unit of memory that moves between pools, per layer. REQUIRES: a multiple of 2 MiB (the
+  // CUDA mapping granularity) and at least one page of every palette format. Default: 2 MiB.
+  size_t slab_bytes = size_t{2} << 20;
+
+  // Formats blocks may take, hottest first. palette[0] is the hot format: the partially filled
+  // tail block of every sequence is in it, so it must encode tokens one at a time (FP16, BF16,
+  // or FP8/NVFP4 with per-tensor or per-(token, head) scales). Blocks only move towards the end
+  // of the palette. REQUIRES: 1 to 8 distinct formats. Default: {FP16}.
+  std::vector<FormatSpec> palette = {FormatSpec{}};
+
+  // Absolute maxima, one per layer, that codecs with ScaleScope::kTensor are scaled for: the
+  // scale (real = stored x scale) is amax / 448 for E4M3, amax / 57344 for E5M2, and the NVFP4
+  // second-level decode multiplier is amax / 2688. Empty means uncalibrated: every per-tensor
+  // scale is 1.0, which is right only for data already in range (prefer
+  // Cache::CalibrateTensorScales). REQUIRES: empty or num_layers finite positive values.
+  std::vector<float> k_tensor_amax;
+  std::vector<float> v_tensor_amax;
+
+  // Where pages live. Default: kCpu.
+  BackendKind backend = BackendKind::kCpu;
+};
+
+// OK when `options` describes a cache that can be created; otherwise InvalidArgument naming
+// the offending field.
+KVTIER_EXPORT absl::Status ValidateOptions(const Options& options);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_OPTIONS_H_

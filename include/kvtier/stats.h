@@ -1,0 +1,46 @@
+// A plain snapshot of a cache's state and counters. Exporting it (Prometheus) is a separate,
+// optional target.
+#ifndef KVTIER_STATS_H_
+#define KVTIER_STATS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvtier {
+
+struct FormatStats {
+  std::string name;              // FormatName() of the palette entry
+  int64_t page_bytes = 0;        // bytes of one page (one block in one layer)
+  int64_t slabs_mapped = 0;      // slabs this format's pools hold now
+  int64_t pages_mapped = 0;      // pages inside those slabs
+  int64_t pages_used = 0;        // pages holding a block or awaiting reclamation
+  int64_t blocks_in_use = 0;     // blocks referenced by at least one sequence
+  int64_t blocks_cached = 0;     // unreferenced blocks kept for prefix reuse
+  int64_t bytes = 0;             // slabs_mapped x slab bytes x layers
+  double bits_per_element = 0;   // payload plus scale bits per stored K/V element
+};
+
+struct CacheStats {
+  int64_t budget_bytes = 0;
+  int64_t slab_bytes = 0;             // per layer
+  int64_t slabs_total = 0;            // per layer
+  int64_t slabs_free = 0;             // not mapped into any pool
+  int64_t used_bytes = 0;             // bytes of pages holding blocks, all formats and layers
+  double usage_ratio = 0;             // used_bytes / budget_bytes
+  double effective_bits_per_element = 0;  // over all live blocks; 0 when there are none
+  int64_t sequences = 0;
+  int64_t tokens = 0;                 // summed over live sequences
+  int64_t pages_pending_reclaim = 0;  // freed pages waiting for their fence
+  int64_t steps = 0;                  // EndStep calls
+  std::vector<FormatStats> formats;   // [palette size]
+
+  // Counters since creation.
+  int64_t allocation_failures = 0;    // calls answered ResourceExhausted
+  int64_t copy_on_write_blocks = 0;   // shared tail blocks copied before a write
+  int64_t slab_moves = 0;             // slabs mapped into a pool
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_STATS_H_

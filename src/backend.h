@@ -1,0 +1,63 @@
+// The narrow platform layer under a cache: address space, slab mapping, the data plane and
+// fences. One implementation per platform, one file each: cpu/cpu_backend.cc for host memory,
+// cuda/cuda_backend.cc for NVIDIA GPUs. The cache does all bookkeeping; a backend only moves
+// bytes and reports when device work has finished.
+//
+// Thread-compatible: the cache calls a backend under its own mutex.
+#ifndef KVTIER_SRC_BACKEND_H_
+#define KVTIER_SRC_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/page_layout.h"
+#include "kvtier/cache.h"
+
+namespace kvtier {
+
+// One (format, layer) pool as the data plane sees it.
+struct PoolView {
+  uint8_t* base = nullptr;  // page p starts at base + p * layout.page_bytes
+  PageLayout layout{};
+  float k_tensor_scale = 1.f;  // for ScaleScope::kTensor codecs
+  float v_tensor_scale = 1.f;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Reserves `bytes` of address space with nothing accessible in it.
+  virtual absl::StatusOr<uint8_t*> Reserve(size_t bytes) = 0;
+  virtual void Unreserve(uint8_t* base, size_t bytes) = 0;
+  // Backs [addr, addr + bytes), one slab of one layer, with memory; contents unspecified.
+  virtual absl::Status Map(uint8_t* addr, size_t bytes) = 0;
+  // Makes [addr, addr + bytes) inaccessible again and returns its memory.
+  virtual absl::Status Unmap(uint8_t* addr, size_t bytes) = 0;
+
+  // Encodes token rows into token-wise pages: row i of `kv` goes to slot slots[i]
+  // (page * block_tokens + offset). REQUIRES: slots and shapes validated by the cache.
+  virtual absl::Status WriteRows(const PoolView& pool, absl::Span<const int64_t> slots,
+                                 const KVInput& kv) = 0;
+  // Decodes the first `num_tokens` tokens of `page` into k and v, [num_tokens, heads, dim].
+  virtual absl::Status ReadPage(const PoolView& pool, uint32_t page, int num_tokens, float* k,
+                                float* v) = 0;
+  // Copies page `src` to page `dst` of one pool.
+  virtual absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) = 0;
+
+  // True when every call above has completed on return, so freed pages may be reused at once.
+  virtual bool synchronous() const = 0;
+  // A fence that passes once all work issued so far has completed.
+  virtual absl::StatusOr<uint64_t> RecordFence() = 0;
+  virtual bool FencePassed(uint64_t fence) = 0;
+};
+
+std::unique_ptr<Backend> MakeCpuBackend();
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SRC_BACKEND_H_

@@ -1,0 +1,60 @@
+// Metadata of every logical block, in one preallocated array indexed by BlockId::index.
+// A slot's generation changes each time it is freed, so an old BlockId never aliases a new
+// block. Allocation and free are O(1) and never allocate memory.
+//
+// Thread-compatible.
+#ifndef KVTIER_SRC_BLOCK_TABLE_H_
+#define KVTIER_SRC_BLOCK_TABLE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kvtier/cache.h"
+#include "kvtier/ids.h"
+
+namespace kvtier {
+
+struct BlockMeta {
+  uint32_t generation = 1;     // of the current (or next) occupant
+  uint32_t page = 0;           // page index in the pools of `format`
+  uint32_t ref_count = 0;      // sequences holding the block
+  uint32_t next_free = 0;      // free-list link while kFree
+  uint16_t num_tokens = 0;     // tokens filled, <= block_tokens
+  uint8_t format = 0;          // palette index
+  BlockState state = BlockState::kFree;
+};
+
+class BlockTable {
+ public:
+  static constexpr uint32_t kNone = 0xFFFFFFFFu;
+
+  explicit BlockTable(uint32_t capacity);
+
+  uint32_t capacity() const { return static_cast<uint32_t>(blocks_.size()); }
+  uint32_t free_count() const { return free_count_; }
+
+  // A free slot, now kInUse with one reference and no tokens. REQUIRES: free_count() > 0.
+  uint32_t Allocate(uint8_t format, uint32_t page);
+  // Returns `index` to the free list and invalidates its id. REQUIRES: not kFree.
+  void Free(uint32_t index);
+
+  BlockMeta& operator[](uint32_t index) { return blocks_[index]; }
+  const BlockMeta& operator[](uint32_t index) const { return blocks_[index]; }
+  BlockId IdOf(uint32_t index) const { return BlockId{index, blocks_[index].generation}; }
+  // True when `id` names a block that exists now.
+  bool IsLive(BlockId id) const {
+    return id.index < blocks_.size() && blocks_[id.index].state != BlockState::kFree &&
+           blocks_[id.index].generation == id.generation;
+  }
+  // Counts the slots on the free list; for the consistency checker. O(capacity).
+  uint32_t CountFreeList() const;
+
+ private:
+  std::vector<BlockMeta> blocks_;
+  uint32_t free_head_ = kNone;
+  uint32_t free_count_ = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SRC_BLOCK_TABLE_H_

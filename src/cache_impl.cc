@@ -1,0 +1,457 @@
+#include "src/cache_impl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "src/status_macros.h"
+
+namespace kvtier {
+namespace {
+
+std::vector<PageLayout> MakeLayouts(const Options& o) {
+  std::vector<PageLayout> layouts;
+  const Geometry& g = o.geometry;
+  for (const FormatSpec& f : o.palette) {
+    layouts.push_back(MakePageLayout(g.num_kv_heads, g.block_tokens, g.head_dim, f));
+  }
+  return layouts;
+}
+
+// The ScaleScope::kTensor scale of `type` for a layer whose amax is `amax` (0: uncalibrated).
+float TensorScale(ElementType type, float amax) {
+  if (amax <= 0) return 1.f;
+  switch (type) {
+    case ElementType::kFp8E4M3: return amax / 448.f;
+    case ElementType::kFp8E5M2: return amax / 57344.f;
+    case ElementType::kNvfp4: return amax / 2688.f;
+    default: return 1.f;
+  }
+}
+
+absl::Status UnknownSequence(SequenceId id) {
+  return absl::NotFoundError(
+      absl::StrCat("sequence ", id.index, "/", id.generation, " is unknown or released"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CacheImpl>> CacheImpl::Create(const Options& options,
+                                                             std::unique_ptr<Backend> backend) {
+  std::unique_ptr<CacheImpl> cache(new CacheImpl(options, std::move(backend)));
+  const int layers = options.geometry.num_layers;
+  for (int f = 0; f < cache->num_formats(); ++f) {
+    for (int l = 0; l < layers; ++l) {
+      KVTIER_ASSIGN_OR_RETURN(uint8_t* base, cache->backend_->Reserve(cache->range_bytes_));
+      cache->bases_.push_back(base);  // the destructor releases what was reserved so far
+    }
+  }
+  return cache;
+}
+
+CacheImpl::CacheImpl(const Options& options, std::unique_ptr<Backend> backend)
+    : options_(options),
+      backend_(std::move(backend)),
+      layouts_(MakeLayouts(options)),
+      num_slabs_(static_cast<uint32_t>(options.memory_budget_bytes / options.slab_bytes /
+                                       options.geometry.num_layers)),
+      range_bytes_(num_slabs_ * options.slab_bytes),
+      free_slabs_(num_slabs_),
+      blocks_([&] {
+        // Live blocks never outnumber the pages that all slabs could hold in the densest format.
+        uint32_t densest = 0;
+        for (const PageLayout& l : layouts_) {
+          densest = std::max(densest, static_cast<uint32_t>(options.slab_bytes / l.page_bytes));
+        }
+        return num_slabs_ * densest;
+      }()) {
+  const int layers = options.geometry.num_layers;
+  for (int f = 0; f < num_formats(); ++f) {
+    pools_.emplace_back(layouts_[f].page_bytes, options.slab_bytes, num_slabs_);
+    const FormatSpec& spec = options.palette[f];
+    for (int l = 0; l < layers; ++l) {
+      k_scales_.push_back(
+          TensorScale(spec.k.type, options.k_tensor_amax.empty() ? 0 : options.k_tensor_amax[l]));
+      v_scales_.push_back(
+          TensorScale(spec.v.type, options.v_tensor_amax.empty() ? 0 : options.v_tensor_amax[l]));
+    }
+  }
+}
+
+CacheImpl::~CacheImpl() {
+  for (uint8_t* base : bases_) backend_->Unreserve(base, range_bytes_);
+}
+
+PoolView CacheImpl::View(int format, int layer) const {
+  const size_t i = static_cast<size_t>(format) * options_.geometry.num_layers + layer;
+  return PoolView{bases_[i], layouts_[format], k_scales_[i], v_scales_[i]};
+}
+
+uint8_t* CacheImpl::SlotAddress(int format, int layer, uint32_t slot) const {
+  return bases_[static_cast<size_t>(format) * options_.geometry.num_layers + layer] +
+         slot * options_.slab_bytes;
+}
+
+absl::Status CacheImpl::MapSlot(int format) {
+  PagePool& pool = pools_[format];
+  const uint32_t slot = pool.UnmappedSlot();
+  for (int l = 0; l < options_.geometry.num_layers; ++l) {
+    absl::Status s = backend_->Map(SlotAddress(format, l, slot), options_.slab_bytes);
+    if (!s.ok()) {
+      while (l-- > 0) backend_->Unmap(SlotAddress(format, l, slot), options_.slab_bytes).IgnoreError();
+      return s;
+    }
+  }
+  pool.AddSlot(slot);
+  free_slabs_ -= 1;
+  slab_moves_ += 1;
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::UnmapSlot(int format, uint32_t slot) {
+  pools_[format].RemoveSlot(slot);
+  free_slabs_ += 1;
+  absl::Status status;
+  for (int l = 0; l < options_.geometry.num_layers; ++l) {
+    status.Update(backend_->Unmap(SlotAddress(format, l, slot), options_.slab_bytes));
+  }
+  return status;
+}
+
+absl::Status CacheImpl::EnsureFreePages(int format, uint32_t count) {
+  PagePool& pool = pools_[format];
+  if (pool.free_pages() >= count) return absl::OkStatus();
+  const uint32_t per_slab = pool.MinPagesPerSlot();
+  const uint32_t slabs_needed = (count - pool.free_pages() + per_slab - 1) / per_slab;
+  uint32_t available = free_slabs_;
+  for (int g = 0; g < num_formats(); ++g) {
+    if (g != format) available += pools_[g].empty_slots();
+  }
+  if (slabs_needed > available) {
+    allocation_failures_ += 1;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "need ", count, " pages of ", FormatName(options_.palette[format]), " (", slabs_needed,
+        " more slabs) but only ", available, " slabs are free or empty"));
+  }
+  for (uint32_t i = 0; i < slabs_needed; ++i) {
+    for (int g = 0; free_slabs_ == 0 && g < num_formats(); ++g) {
+      if (g != format && pools_[g].EmptySlot() != PagePool::kNone) {
+        KVTIER_RETURN_IF_ERROR(UnmapSlot(g, pools_[g].EmptySlot()));
+      }
+    }
+    KVTIER_RETURN_IF_ERROR(MapSlot(format));
+  }
+  return absl::OkStatus();
+}
+
+uint32_t CacheImpl::NewBlock(int format) {
+  PagePool& pool = pools_[format];
+  const uint32_t block = blocks_.Allocate(static_cast<uint8_t>(format), 0);
+  blocks_[block].page = pool.Allocate(block);
+  return block;
+}
+
+void CacheImpl::DropRef(uint32_t block) {
+  BlockMeta& b = blocks_[block];
+  if (--b.ref_count > 0) return;
+  pools_[b.format].SetOwner(b.page, PagePool::kPending);
+  reclaim_.Push(b.format, b.page);
+  blocks_.Free(block);
+}
+
+void CacheImpl::RetireSynchronous() {
+  if (!backend_->synchronous()) return;
+  reclaim_.RetireAll([this](const ReclaimQueue::Entry& e) { pools_[e.format].Free(e.page); });
+}
+
+absl::StatusOr<SequenceId> CacheImpl::AddSequence() {
+  absl::MutexLock lock(&mu_);
+  return sequences_.Add();
+}
+
+absl::Status CacheImpl::Append(SequenceId id, int64_t num_tokens, std::vector<int64_t>* slots) {
+  if (num_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens ", num_tokens, " is not positive"));
+  }
+  if (slots == nullptr) return absl::InvalidArgumentError("slots is null");
+  absl::MutexLock lock(&mu_);
+  Sequence* seq = sequences_.Find(id);
+  if (seq == nullptr) return UnknownSequence(id);
+  const int64_t s = options_.geometry.block_tokens;
+  const int64_t old_blocks = (seq->num_tokens + s - 1) / s;
+  const int64_t new_blocks = (seq->num_tokens + num_tokens + s - 1) / s - old_blocks;
+  const bool tail_partial = seq->num_tokens % s != 0;
+  const bool copy_tail = tail_partial && blocks_[seq->blocks.back()].ref_count > 1;
+  const int64_t pages = new_blocks + (copy_tail ? 1 : 0);
+  // Block metadata never runs out before pages do (see the BlockTable's capacity).
+  if (pages > 0) KVTIER_RETURN_IF_ERROR(EnsureFreePages(0, static_cast<uint32_t>(pages)));
+  if (copy_tail) {
+    const uint32_t shared = seq->blocks.back();
+    const uint32_t copy = NewBlock(0);
+    for (int l = 0; l < options_.geometry.num_layers; ++l) {
+      KVTIER_RETURN_IF_ERROR(backend_->CopyPage(View(0, l), blocks_[shared].page, blocks_[copy].page));
+    }
+    blocks_[copy].num_tokens = blocks_[shared].num_tokens;
+    DropRef(shared);
+    seq->blocks.back() = copy;
+    copy_on_write_blocks_ += 1;
+  }
+  for (int64_t i = 0; i < num_tokens; ++i) {
+    if ((seq->num_tokens + i) % s == 0) seq->blocks.push_back(NewBlock(0));
+    BlockMeta& tail = blocks_[seq->blocks.back()];
+    slots->push_back(static_cast<int64_t>(tail.page) * s + tail.num_tokens);
+    tail.num_tokens += 1;
+  }
+  seq->num_tokens += num_tokens;
+  tokens_ += num_tokens;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SequenceId> CacheImpl::Fork(SequenceId parent) {
+  absl::MutexLock lock(&mu_);
+  const Sequence* p = sequences_.Find(parent);
+  if (p == nullptr) return UnknownSequence(parent);
+  const std::vector<uint32_t> blocks = p->blocks;  // Add may move the parent's slot
+  const int64_t num_tokens = p->num_tokens;
+  const SequenceId child = sequences_.Add();
+  Sequence* c = sequences_.Find(child);
+  c->blocks = blocks;
+  c->num_tokens = num_tokens;
+  for (uint32_t b : blocks) blocks_[b].ref_count += 1;
+  tokens_ += num_tokens;
+  return child;
+}
+
+absl::Status CacheImpl::Release(SequenceId id) {
+  absl::MutexLock lock(&mu_);
+  Sequence* seq = sequences_.Find(id);
+  if (seq == nullptr) return UnknownSequence(id);
+  for (uint32_t b : seq->blocks) DropRef(b);
+  tokens_ -= seq->num_tokens;
+  sequences_.Remove(id);
+  RetireSynchronous();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CacheImpl::SequenceLength(SequenceId id) const {
+  absl::MutexLock lock(&mu_);
+  const Sequence* seq = sequences_.Find(id);
+  if (seq == nullptr) return UnknownSequence(id);
+  return seq->num_tokens;
+}
+
+absl::StatusOr<std::vector<BlockId>> CacheImpl::SequenceBlocks(SequenceId id) const {
+  absl::MutexLock lock(&mu_);
+  const Sequence* seq = sequences_.Find(id);
+  if (seq == nullptr) return UnknownSequence(id);
+  std::vector<BlockId> ids;
+  ids.reserve(seq->blocks.size());
+  for (uint32_t b : seq->blocks) ids.push_back(blocks_.IdOf(b));
+  return ids;
+}
+
+absl::StatusOr<BlockInfo> CacheImpl::GetBlockInfo(BlockId id) const {
+  absl::MutexLock lock(&mu_);
+  if (!blocks_.IsLive(id)) {
+    return absl::NotFoundError(
+        absl::StrCat("block ", id.index, "/", id.generation, " is unknown or stale"));
+  }
+  const BlockMeta& b = blocks_[id.index];
+  return BlockInfo{b.state, b.format, static_cast<int32_t>(b.page),
+                   static_cast<int32_t>(b.ref_count), b.num_tokens};
+}
+
+absl::Status CacheImpl::CheckSlots(int32_t layer, absl::Span<const int64_t> slots,
+                                   const KVInput& kv) const {
+  const Geometry& g = options_.geometry;
+  if (layer < 0 || layer >= g.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " is outside [0, ", g.num_layers, ")"));
+  }
+  if (kv.dtype != DType::kFloat16 && kv.dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError("K/V input must be FP16 or BF16");
+  }
+  if (kv.num_tokens != static_cast<int64_t>(slots.size()) || kv.num_heads != g.num_kv_heads ||
+      kv.head_dim != g.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "K/V shape [", kv.num_tokens, ", ", kv.num_heads, ", ", kv.head_dim, "] != [",
+        slots.size(), ", ", g.num_kv_heads, ", ", g.head_dim, "]"));
+  }
+  if (kv.num_tokens > 0 && (kv.k == nullptr || kv.v == nullptr)) {
+    return absl::InvalidArgumentError("K/V data pointer is null");
+  }
+  const PagePool& hot = pools_[0];
+  for (int64_t slot : slots) {
+    const int64_t page = slot / g.block_tokens;
+    const uint32_t owner =
+        slot >= 0 && page < hot.capacity_pages() ? hot.Owner(static_cast<uint32_t>(page)) : PagePool::kNone;
+    if (owner >= blocks_.capacity()) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " is not reserved"));
+    }
+    const BlockMeta& b = blocks_[owner];
+    if (slot % g.block_tokens >= b.num_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " is not reserved"));
+    }
+    if (b.ref_count > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "slot ", slot, " is in a block shared by ", b.ref_count,
+          " sequences; append to the sequence again to get a private copy"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::WriteKV(int32_t layer, absl::Span<const int64_t> slots, const KVInput& kv) {
+  absl::MutexLock lock(&mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSlots(layer, slots, kv));
+  if (slots.empty()) return absl::OkStatus();
+  return backend_->WriteRows(View(0, layer), slots, kv);
+}
+
+absl::Status CacheImpl::ReadKV(SequenceId id, int32_t layer, absl::Span<float> k,
+                               absl::Span<float> v) const {
+  absl::MutexLock lock(&mu_);
+  const Sequence* seq = sequences_.Find(id);
+  if (seq == nullptr) return UnknownSequence(id);
+  const Geometry& g = options_.geometry;
+  if (layer < 0 || layer >= g.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " is outside [0, ", g.num_layers, ")"));
+  }
+  const size_t row = static_cast<size_t>(g.num_kv_heads) * g.head_dim;
+  const size_t want = static_cast<size_t>(seq->num_tokens) * row;
+  if (k.size() != want || v.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat("ReadKV spans hold ", k.size(), " and ", v.size(),
+                                                   " floats; the sequence needs ", want, " each"));
+  }
+  for (size_t i = 0; i < seq->blocks.size(); ++i) {
+    const BlockMeta& b = blocks_[seq->blocks[i]];
+    const size_t at = i * g.block_tokens * row;
+    KVTIER_RETURN_IF_ERROR(
+        backend_->ReadPage(View(b.format, layer), b.page, b.num_tokens, k.data() + at, v.data() + at));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PoolInfo> CacheImpl::GetPool(int32_t format, int32_t layer) const {
+  if (format < 0 || format >= num_formats() || layer < 0 || layer >= options_.geometry.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("no pool for format ", format, ", layer ", layer));
+  }
+  absl::MutexLock lock(&mu_);
+  const PoolView view = View(format, layer);
+  const PageLayout& l = view.layout;
+  PoolInfo info;
+  info.base = view.base;
+  info.page_bytes = l.page_bytes;
+  info.capacity_pages = pools_[format].capacity_pages();
+  info.k_offset = l.k.payload_offset;
+  info.v_offset = l.v.payload_offset;
+  info.row_bytes = l.k.row_bytes;
+  info.k_micro_offset = l.k.micro_offset;
+  info.v_micro_offset = l.v.micro_offset;
+  info.k_scale_offset = l.k.scale_offset;
+  info.v_scale_offset = l.v.scale_offset;
+  info.k_tensor_scale = view.k_tensor_scale;
+  info.v_tensor_scale = view.v_tensor_scale;
+  return info;
+}
+
+absl::Status CacheImpl::BuildPageTables(absl::Span<const SequenceId> batch,
+                                        PageTables* tables) const {
+  if (tables == nullptr) return absl::InvalidArgumentError("tables is null");
+  absl::MutexLock lock(&mu_);
+  for (SequenceId id : batch) {
+    if (sequences_.Find(id) == nullptr) return UnknownSequence(id);
+  }
+  tables->per_format.resize(num_formats());
+  for (FormatPageTable& t : tables->per_format) {
+    t.indptr.assign(1, 0);
+    t.indices.clear();
+    t.last_page_len.clear();
+  }
+  tables->packed_indptr.assign(1, 0);
+  tables->packed.clear();
+  tables->seq_lens.clear();
+  for (SequenceId id : batch) {
+    const Sequence& seq = *sequences_.Find(id);
+    for (FormatPageTable& t : tables->per_format) t.last_page_len.push_back(0);
+    for (uint32_t index : seq.blocks) {
+      const BlockMeta& b = blocks_[index];
+      FormatPageTable& t = tables->per_format[b.format];
+      t.indices.push_back(static_cast<int32_t>(b.page));
+      t.last_page_len.back() = b.num_tokens;
+      tables->packed.push_back(PackPage(b.format, b.page));
+    }
+    for (FormatPageTable& t : tables->per_format) {
+      t.indptr.push_back(static_cast<int32_t>(t.indices.size()));
+    }
+    tables->packed_indptr.push_back(static_cast<int32_t>(tables->packed.size()));
+    tables->seq_lens.push_back(static_cast<int32_t>(seq.num_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::EndStep() {
+  absl::MutexLock lock(&mu_);
+  steps_ += 1;
+  if (backend_->synchronous()) {
+    RetireSynchronous();
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(const uint64_t fence, backend_->RecordFence());
+    reclaim_.CloseStep(fence);
+    reclaim_.Retire([this](uint64_t f) { return backend_->FencePassed(f); },
+                    [this](const ReclaimQueue::Entry& e) { pools_[e.format].Free(e.page); });
+  }
+  // Each pool keeps one empty slab for the next step; the others return to the budget.
+  absl::Status status;
+  for (int f = 0; f < num_formats(); ++f) {
+    while (pools_[f].empty_slots() > 1) status.Update(UnmapSlot(f, pools_[f].EmptySlot()));
+  }
+  return status;
+}
+
+CacheStats CacheImpl::GetStats() const {
+  absl::MutexLock lock(&mu_);
+  const Geometry& g = options_.geometry;
+  CacheStats s;
+  s.budget_bytes = static_cast<int64_t>(options_.memory_budget_bytes);
+  s.slab_bytes = static_cast<int64_t>(options_.slab_bytes);
+  s.slabs_total = num_slabs_;
+  s.slabs_free = free_slabs_;
+  s.sequences = sequences_.live_count();
+  s.tokens = tokens_;
+  s.pages_pending_reclaim = static_cast<int64_t>(reclaim_.size());
+  s.steps = steps_;
+  s.allocation_failures = allocation_failures_;
+  s.copy_on_write_blocks = copy_on_write_blocks_;
+  s.slab_moves = slab_moves_;
+  s.formats.resize(num_formats());
+  for (int f = 0; f < num_formats(); ++f) {
+    FormatStats& fs = s.formats[f];
+    const PagePool& pool = pools_[f];
+    fs.name = FormatName(options_.palette[f]);
+    fs.page_bytes = layouts_[f].page_bytes;
+    fs.slabs_mapped = pool.mapped_slots();
+    fs.pages_mapped = pool.mapped_pages();
+    fs.pages_used = pool.used_pages();
+    fs.bytes = fs.slabs_mapped * s.slab_bytes * g.num_layers;
+    const double elements = 2.0 * g.num_kv_heads * g.block_tokens * g.head_dim;
+    fs.bits_per_element = layouts_[f].data_bytes * 8.0 / elements;
+  }
+  for (uint32_t i = 0; i < blocks_.capacity(); ++i) {
+    const BlockMeta& b = blocks_[i];
+    if (b.state == BlockState::kInUse) s.formats[b.format].blocks_in_use += 1;
+    if (b.state == BlockState::kCached) s.formats[b.format].blocks_cached += 1;
+  }
+  double bits = 0, blocks = 0;
+  for (const FormatStats& fs : s.formats) {
+    const int64_t live = fs.blocks_in_use + fs.blocks_cached;
+    s.used_bytes += live * fs.page_bytes * g.num_layers;
+    bits += live * fs.bits_per_element;
+    blocks += live;
+  }
+  s.usage_ratio = static_cast<double>(s.used_bytes) / s.budget_bytes;
+  s.effective_bits_per_element = blocks > 0 ? bits / blocks : 0;
+  return s;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,91 @@
+// The Cache implementation: sequences of blocks, per-format page pools over one slab budget,
+// a reclamation queue, and a backend that moves the bytes. One mutex guards all state.
+#ifndef KVTIER_SRC_CACHE_IMPL_H_
+#define KVTIER_SRC_CACHE_IMPL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "kvtier/cache.h"
+#include "src/backend.h"
+#include "src/block_table.h"
+#include "src/page_pool.h"
+#include "src/reclaim_queue.h"
+#include "src/sequence_table.h"
+
+namespace kvtier {
+
+class CacheImpl final : public Cache {
+ public:
+  // REQUIRES: ValidateOptions(options) is OK.
+  static absl::StatusOr<std::unique_ptr<CacheImpl>> Create(const Options& options,
+                                                           std::unique_ptr<Backend> backend);
+  ~CacheImpl() override;
+
+  const Options& options() const override { return options_; }
+  absl::StatusOr<SequenceId> AddSequence() override;
+  absl::Status Append(SequenceId seq, int64_t num_tokens, std::vector<int64_t>* slots) override;
+  absl::StatusOr<SequenceId> Fork(SequenceId parent) override;
+  absl::Status Release(SequenceId seq) override;
+  absl::StatusOr<int64_t> SequenceLength(SequenceId seq) const override;
+  absl::StatusOr<std::vector<BlockId>> SequenceBlocks(SequenceId seq) const override;
+  absl::StatusOr<BlockInfo> GetBlockInfo(BlockId block) const override;
+  absl::Status WriteKV(int32_t layer, absl::Span<const int64_t> slots,
+                       const KVInput& kv) override;
+  absl::Status ReadKV(SequenceId seq, int32_t layer, absl::Span<float> k,
+                      absl::Span<float> v) const override;
+  absl::StatusOr<PoolInfo> GetPool(int32_t format, int32_t layer) const override;
+  absl::Status BuildPageTables(absl::Span<const SequenceId> batch,
+                               PageTables* tables) const override;
+  absl::Status EndStep() override;
+  CacheStats GetStats() const override;
+  absl::Status CheckConsistency() const override;
+
+ private:
+  CacheImpl(const Options& options, std::unique_ptr<Backend> backend);
+
+  int num_formats() const { return static_cast<int>(layouts_.size()); }
+  PoolView View(int format, int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint8_t* SlotAddress(int format, int layer, uint32_t slot) const;
+
+  // Makes `count` pages of `format` allocatable, mapping slabs from the budget or taking empty
+  // slabs from other formats' pools. ResourceExhausted, with nothing changed, when it cannot.
+  absl::Status EnsureFreePages(int format, uint32_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MapSlot(int format) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status UnmapSlot(int format, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new in-use block with a page of `format`. REQUIRES: EnsureFreePages(format, 1) passed.
+  uint32_t NewBlock(int format) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops one reference; the last one frees the block and queues its page for reclamation.
+  void DropRef(uint32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireSynchronous() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckSlots(int32_t layer, absl::Span<const int64_t> slots, const KVInput& kv) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  const std::unique_ptr<Backend> backend_;
+  const std::vector<PageLayout> layouts_;  // [format]
+  const uint32_t num_slabs_;               // per layer
+  const size_t range_bytes_;               // reserved per (format, layer)
+  std::vector<uint8_t*> bases_;            // [format * layers + layer], fixed after Create
+
+  mutable absl::Mutex mu_;
+  std::vector<PagePool> pools_ ABSL_GUARDED_BY(mu_);  // [format]
+  std::vector<float> k_scales_ ABSL_GUARDED_BY(mu_);  // [format * layers + layer]
+  std::vector<float> v_scales_ ABSL_GUARDED_BY(mu_);
+  uint32_t free_slabs_ ABSL_GUARDED_BY(mu_);
+  BlockTable blocks_ ABSL_GUARDED_BY(mu_);
+  SequenceTable sequences_ ABSL_GUARDED_BY(mu_);
+  ReclaimQueue reclaim_ ABSL_GUARDED_BY(mu_);
+  int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t allocation_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t copy_on_write_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t slab_moves_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SRC_CACHE_IMPL_H_

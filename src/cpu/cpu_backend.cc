@@ -1,0 +1,103 @@
+// The host-memory backend: pools are reserved with mmap(PROT_NONE) and slabs committed with
+// mprotect, so reading an unmapped slab faults instead of returning garbage.
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/codec/half.h"
+#include "kernels/page_codec.h"
+#include "src/backend.h"
+
+namespace kvtier {
+namespace {
+
+absl::Status Errno(const char* call) {
+  const int e = errno;
+  return absl::ResourceExhaustedError(absl::StrCat(call, " failed: ", std::strerror(e)));
+}
+
+// REQUIRES: dtype is kFloat16 or kBFloat16 (checked by the cache).
+float InputToFloat(DType dtype, const void* data, int64_t i) {
+  const uint16_t bits = static_cast<const uint16_t*>(data)[i];
+  return dtype == DType::kFloat16 ? codec::HalfToFloat(bits) : codec::Bf16ToFloat(bits);
+}
+
+class CpuBackend final : public Backend {
+ public:
+  absl::StatusOr<uint8_t*> Reserve(size_t bytes) override {
+    void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return Errno("mmap");
+    return static_cast<uint8_t*>(p);
+  }
+
+  void Unreserve(uint8_t* base, size_t bytes) override { munmap(base, bytes); }
+
+  absl::Status Map(uint8_t* addr, size_t bytes) override {
+    if (mprotect(addr, bytes, PROT_READ | PROT_WRITE) != 0) return Errno("mprotect");
+    return absl::OkStatus();
+  }
+
+  absl::Status Unmap(uint8_t* addr, size_t bytes) override {
+    // Drop the memory first so the slab holds zeros, not stale data, when mapped again.
+    if (madvise(addr, bytes, MADV_DONTNEED) != 0) return Errno("madvise");
+    if (mprotect(addr, bytes, PROT_NONE) != 0) return Errno("mprotect");
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteRows(const PoolView& pool, absl::Span<const int64_t> slots,
+                         const KVInput& kv) override {
+    const PageLayout& l = pool.layout;
+    row_.resize(l.head_dim);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      uint8_t* page = pool.base + static_cast<size_t>(slots[i] / l.tokens) * l.page_bytes;
+      const int token = static_cast<int>(slots[i] % l.tokens);
+      for (int h = 0; h < l.heads; ++h) {
+        const int64_t first = (static_cast<int64_t>(i) * l.heads + h) * l.head_dim;
+        for (int side = 0; side < 2; ++side) {
+          const void* src = side == 0 ? kv.k : kv.v;
+          for (int d = 0; d < l.head_dim; ++d) row_[d] = InputToFloat(kv.dtype, src, first + d);
+          EncodeRow(l, side == 0 ? l.k : l.v, page, h, token, row_.data(),
+                    side == 0 ? pool.k_tensor_scale : pool.v_tensor_scale);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadPage(const PoolView& pool, uint32_t page_index, int num_tokens, float* k,
+                        float* v) override {
+    const PageLayout& l = pool.layout;
+    const uint8_t* page = pool.base + static_cast<size_t>(page_index) * l.page_bytes;
+    for (int t = 0; t < num_tokens; ++t) {
+      for (int h = 0; h < l.heads; ++h) {
+        const size_t at = (static_cast<size_t>(t) * l.heads + h) * l.head_dim;
+        DecodeRow(l, l.k, page, h, t, k + at, pool.k_tensor_scale);
+        DecodeRow(l, l.v, page, h, t, v + at, pool.v_tensor_scale);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) override {
+    const size_t bytes = pool.layout.page_bytes;
+    std::memcpy(pool.base + dst * bytes, pool.base + src * bytes, bytes);
+    return absl::OkStatus();
+  }
+
+  bool synchronous() const override { return true; }
+  absl::StatusOr<uint64_t> RecordFence() override { return ++fences_; }
+  bool FencePassed(uint64_t) override { return true; }
+
+ private:
+  std::vector<float> row_;  // scratch for one input row
+  uint64_t fences_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace kvtier

@@ -1,0 +1,86 @@
+#include "kvtier/options.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/page_layout.h"
+
+namespace kvtier {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("Options.", field, ": ", why));
+}
+
+absl::Status CheckRange(absl::string_view field, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    return Invalid(field, absl::StrCat(value, " is outside [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAmax(absl::string_view field, const std::vector<float>& amax, int layers) {
+  if (amax.empty()) return absl::OkStatus();
+  if (static_cast<int>(amax.size()) != layers) {
+    return Invalid(field, absl::StrCat("has ", amax.size(), " values for ", layers, " layers"));
+  }
+  for (float a : amax) {
+    if (!(std::isfinite(a) && a > 0)) return Invalid(field, absl::StrCat(a, " is not finite positive"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateOptions(const Options& o) {
+  const Geometry& g = o.geometry;
+  absl::Status s = CheckRange("geometry.num_layers", g.num_layers, 1, 1024);
+  if (s.ok()) s = CheckRange("geometry.num_kv_heads", g.num_kv_heads, 1, 256);
+  if (s.ok()) s = CheckRange("geometry.head_dim", g.head_dim, 16, 1024);
+  if (s.ok()) s = CheckRange("geometry.block_tokens", g.block_tokens, 1, 1024);
+  if (!s.ok()) return s;
+  if (g.head_dim % kMicroBlock != 0) {
+    return Invalid("geometry.head_dim", absl::StrCat(g.head_dim, " is not a multiple of 16"));
+  }
+  constexpr size_t kGranularity = size_t{2} << 20;
+  if (o.slab_bytes == 0 || o.slab_bytes % kGranularity != 0) {
+    return Invalid("slab_bytes", absl::StrCat(o.slab_bytes, " is not a positive multiple of 2 MiB"));
+  }
+  if (o.memory_budget_bytes / o.slab_bytes < static_cast<size_t>(g.num_layers)) {
+    return Invalid("memory_budget_bytes",
+                   absl::StrCat(o.memory_budget_bytes, " holds no slab of ", o.slab_bytes,
+                                " bytes in each of ", g.num_layers, " layers"));
+  }
+  if (o.palette.empty() || o.palette.size() > 8) {
+    return Invalid("palette", absl::StrCat("has ", o.palette.size(), " formats; 1 to 8 allowed"));
+  }
+  for (size_t i = 0; i < o.palette.size(); ++i) {
+    const FormatSpec& f = o.palette[i];
+    const std::string field = absl::StrCat("palette[", i, "]");
+    for (const CodecSpec* c : {&f.k, &f.v}) {
+      s = ValidateCodec(*c);
+      if (!s.ok()) return Invalid(field, s.message());
+      if (c->axis == MicroAxis::kTokens && g.block_tokens % kMicroBlock != 0) {
+        return Invalid(field, "NVFP4 along tokens needs block_tokens to be a multiple of 16");
+      }
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (o.palette[j] == f) return Invalid(field, absl::StrCat(FormatName(f), " appears twice"));
+    }
+    const PageLayout layout = MakePageLayout(g.num_kv_heads, g.block_tokens, g.head_dim, f);
+    if (layout.page_bytes > o.slab_bytes) {
+      return Invalid(field, absl::StrCat("a page of ", layout.page_bytes,
+                                         " bytes does not fit a slab of ", o.slab_bytes));
+    }
+  }
+  if (!IsTokenWise(o.palette[0])) {
+    return Invalid("palette[0]", absl::StrCat("the hot format ", FormatName(o.palette[0]),
+                                              " needs whole blocks to compute its scales; use "
+                                              "FP16, BF16, or a per-tensor or per-token scale"));
+  }
+  s = CheckAmax("k_tensor_amax", o.k_tensor_amax, g.num_layers);
+  if (s.ok()) s = CheckAmax("v_tensor_amax", o.v_tensor_amax, g.num_layers);
+  return s;
+}
+
+}  // namespace kvtier

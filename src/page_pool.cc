@@ -1,0 +1,181 @@
+#include "src/page_pool.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+
+PagePool::PagePool(uint32_t page_bytes, size_t slab_bytes, uint32_t num_slots)
+    : page_bytes_(page_bytes), slab_bytes_(slab_bytes), slots_(num_slots) {
+  slot_begin_.resize(num_slots);
+  slot_end_.resize(num_slots);
+  uint32_t max_pages = 0;
+  for (uint32_t s = 0; s < num_slots; ++s) {
+    slot_begin_[s] = static_cast<uint32_t>((s * slab_bytes + page_bytes - 1) / page_bytes);
+    slot_end_[s] = static_cast<uint32_t>((s + 1) * slab_bytes / page_bytes);
+    min_pages_per_slot_ = std::min(min_pages_per_slot_, PagesInSlot(s));
+    max_pages = std::max(max_pages, PagesInSlot(s));
+  }
+  next_free_.assign(capacity_pages(), kNone);
+  owner_.assign(capacity_pages(), kNone);
+  buckets_.assign(max_pages + 1, kNone);
+  nonempty_.assign(max_pages / 64 + 1, 0);
+  empty_.reserve(num_slots);
+  unmapped_.reserve(num_slots);
+  for (uint32_t s = num_slots; s-- > 0;) unmapped_.push_back(s);
+}
+
+uint32_t PagePool::SlotOfPage(uint32_t page) const {
+  return static_cast<uint32_t>(static_cast<size_t>(page) * page_bytes_ / slab_bytes_);
+}
+
+uint32_t PagePool::UnmappedSlot() const { return unmapped_.empty() ? kNone : unmapped_.back(); }
+
+void PagePool::AddSlot(uint32_t slot) {
+  unmapped_.pop_back();
+  Slot& s = slots_[slot];
+  s.mapped = true;
+  s.used = 0;
+  s.free_head = kNone;
+  for (uint32_t p = slot_end_[slot]; p-- > slot_begin_[slot];) {
+    next_free_[p] = s.free_head;
+    s.free_head = p;
+  }
+  PushEmpty(slot);
+  mapped_slots_ += 1;
+  mapped_pages_ += PagesInSlot(slot);
+  free_pages_ += PagesInSlot(slot);
+}
+
+void PagePool::RemoveSlot(uint32_t slot) {
+  PopEmpty(slot);
+  Slot& s = slots_[slot];
+  s.mapped = false;
+  s.free_head = kNone;
+  unmapped_.push_back(slot);
+  mapped_slots_ -= 1;
+  mapped_pages_ -= PagesInSlot(slot);
+  free_pages_ -= PagesInSlot(slot);
+}
+
+uint32_t PagePool::Allocate(uint32_t owner) {
+  uint32_t slot = kNone;
+  for (size_t w = 0; w < nonempty_.size() && slot == kNone; ++w) {
+    if (nonempty_[w] != 0) slot = buckets_[w * 64 + __builtin_ctzll(nonempty_[w])];
+  }
+  if (slot == kNone) {
+    slot = empty_.back();
+    PopEmpty(slot);
+  } else {
+    Unlink(slot);
+  }
+  Slot& s = slots_[slot];
+  const uint32_t page = s.free_head;
+  s.free_head = next_free_[page];
+  s.used += 1;
+  if (s.used < PagesInSlot(slot)) Link(slot);
+  free_pages_ -= 1;
+  owner_[page] = owner;
+  return page;
+}
+
+void PagePool::Free(uint32_t page) {
+  const uint32_t slot = SlotOfPage(page);
+  Slot& s = slots_[slot];
+  if (s.used < PagesInSlot(slot)) Unlink(slot);
+  next_free_[page] = s.free_head;
+  s.free_head = page;
+  s.used -= 1;
+  owner_[page] = kNone;
+  free_pages_ += 1;
+  if (s.used == 0) {
+    PushEmpty(slot);
+  } else {
+    Link(slot);
+  }
+}
+
+void PagePool::Link(uint32_t slot) {
+  const uint32_t b = FreeCount(slot);
+  Slot& s = slots_[slot];
+  s.prev = kNone;
+  s.next = buckets_[b];
+  if (s.next != kNone) slots_[s.next].prev = slot;
+  buckets_[b] = slot;
+  nonempty_[b / 64] |= uint64_t{1} << (b % 64);
+}
+
+void PagePool::Unlink(uint32_t slot) {
+  const uint32_t b = FreeCount(slot);
+  Slot& s = slots_[slot];
+  if (s.prev != kNone) {
+    slots_[s.prev].next = s.next;
+  } else {
+    buckets_[b] = s.next;
+    if (s.next == kNone) nonempty_[b / 64] &= ~(uint64_t{1} << (b % 64));
+  }
+  if (s.next != kNone) slots_[s.next].prev = s.prev;
+  s.prev = s.next = kNone;
+}
+
+void PagePool::PushEmpty(uint32_t slot) {
+  slots_[slot].empty_index = static_cast<uint32_t>(empty_.size());
+  empty_.push_back(slot);
+}
+
+void PagePool::PopEmpty(uint32_t slot) {
+  const uint32_t i = slots_[slot].empty_index;
+  empty_[i] = empty_.back();
+  slots_[empty_[i]].empty_index = i;
+  empty_.pop_back();
+  slots_[slot].empty_index = kNone;
+}
+
+absl::Status PagePool::CheckConsistency() const {
+  uint32_t free_total = 0, mapped_pages = 0, mapped_slots = 0;
+  for (uint32_t slot = 0; slot < num_slots(); ++slot) {
+    const Slot& s = slots_[slot];
+    uint32_t free_here = 0;
+    for (uint32_t p = s.free_head; p != kNone; p = next_free_[p]) {
+      if (p < slot_begin_[slot] || p >= slot_end_[slot] || owner_[p] != kNone) {
+        return absl::InternalError(absl::StrCat("slot ", slot, ": free page ", p, " is misplaced"));
+      }
+      if (++free_here > PagesInSlot(slot)) {
+        return absl::InternalError(absl::StrCat("slot ", slot, ": free list has a cycle"));
+      }
+    }
+    uint32_t owned = 0;
+    for (uint32_t p = slot_begin_[slot]; p < slot_end_[slot]; ++p) owned += owner_[p] != kNone;
+    if (!s.mapped) {
+      if (owned != 0 || free_here != 0) {
+        return absl::InternalError(absl::StrCat("slot ", slot, " is unmapped but has pages"));
+      }
+      continue;
+    }
+    mapped_slots += 1;
+    mapped_pages += PagesInSlot(slot);
+    free_total += free_here;
+    if (owned != s.used || owned + free_here != PagesInSlot(slot)) {
+      return absl::InternalError(absl::StrCat("slot ", slot, ": used ", s.used, ", owned ", owned,
+                                              ", free ", free_here, " of ", PagesInSlot(slot)));
+    }
+    const bool empty = s.used == 0, full = FreeCount(slot) == 0;
+    if (empty != (s.empty_index != kNone)) {
+      return absl::InternalError(absl::StrCat("slot ", slot, ": empty-list membership is wrong"));
+    }
+    if (!empty && !full) {
+      bool linked = false;
+      for (uint32_t b = buckets_[FreeCount(slot)]; b != kNone; b = slots_[b].next) linked |= b == slot;
+      if (!linked) {
+        return absl::InternalError(absl::StrCat("slot ", slot, " is missing from its bucket"));
+      }
+    }
+  }
+  if (free_total != free_pages_ || mapped_pages != mapped_pages_ || mapped_slots != mapped_slots_) {
+    return absl::InternalError("pool totals disagree with its slots");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier

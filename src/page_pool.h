@@ -1,0 +1,106 @@
+// Bookkeeping of the pages of one format's pools: which slab slots are mapped, which pages are
+// free, and which block owns each used page. Memory itself is mapped by the backend; a page
+// index means the same page in every layer's pool.
+//
+// Page p occupies bytes [p * page_bytes, (p + 1) * page_bytes) of each layer's range, so an
+// external kernel sees one base pointer and one stride. A page that would straddle two slab
+// slots is never used (at most one page per slab is lost).
+//
+// Allocation takes a page from the fullest mapped slab that has one, so that lightly used
+// slabs drain and can return to the budget. Allocation and free are O(1) amortised and never
+// allocate memory.
+//
+// Thread-compatible.
+#ifndef KVTIER_SRC_PAGE_POOL_H_
+#define KVTIER_SRC_PAGE_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace kvtier {
+
+class PagePool {
+ public:
+  static constexpr uint32_t kNone = 0xFFFFFFFFu;     // no page / no owner
+  static constexpr uint32_t kPending = 0xFFFFFFFEu;  // freed, awaiting its fence
+
+  PagePool(uint32_t page_bytes, size_t slab_bytes, uint32_t num_slots);
+
+  uint32_t page_bytes() const { return page_bytes_; }
+  uint32_t num_slots() const { return static_cast<uint32_t>(slots_.size()); }
+  // Page indices in [0, capacity_pages()) exist when their slot is mapped.
+  uint32_t capacity_pages() const { return slot_end_.back(); }
+  uint32_t FirstPage(uint32_t slot) const { return slot_begin_[slot]; }
+  uint32_t PagesInSlot(uint32_t slot) const { return slot_end_[slot] - slot_begin_[slot]; }
+  uint32_t MinPagesPerSlot() const { return min_pages_per_slot_; }
+  uint32_t SlotOfPage(uint32_t page) const;
+
+  uint32_t free_pages() const { return free_pages_; }
+  uint32_t used_pages() const { return mapped_pages_ - free_pages_; }
+  uint32_t mapped_pages() const { return mapped_pages_; }
+  uint32_t mapped_slots() const { return mapped_slots_; }
+  uint32_t empty_slots() const { return static_cast<uint32_t>(empty_.size()); }
+  bool IsMapped(uint32_t slot) const { return slots_[slot].mapped; }
+
+  // A slot not mapped now, or kNone when every slot is mapped.
+  uint32_t UnmappedSlot() const;
+  // Marks `slot` mapped with all its pages free. REQUIRES: slot == UnmappedSlot() != kNone.
+  void AddSlot(uint32_t slot);
+  // A mapped slot with no used page, or kNone.
+  uint32_t EmptySlot() const { return empty_.empty() ? kNone : empty_.back(); }
+  // Marks an empty slot unmapped. REQUIRES: `slot` is mapped and empty.
+  void RemoveSlot(uint32_t slot);
+
+  // A free page of the fullest slab that has one, now owned by `owner`.
+  // REQUIRES: free_pages() > 0.
+  uint32_t Allocate(uint32_t owner);
+  // Returns a used page to its slab. REQUIRES: the page is used (owned or pending).
+  void Free(uint32_t page);
+
+  // The owner of a page: a block index, kPending, or kNone when free or unmapped.
+  uint32_t Owner(uint32_t page) const { return owner_[page]; }
+  void SetOwner(uint32_t page, uint32_t owner) { owner_[page] = owner; }
+
+  // Verifies free lists, per-slot counts and bucket membership. O(pages).
+  absl::Status CheckConsistency() const;
+
+ private:
+  struct Slot {
+    bool mapped = false;
+    uint32_t used = 0;
+    uint32_t free_head = kNone;  // free pages linked through next_free_
+    uint32_t prev = kNone;       // neighbours in the bucket of slots with equal free count
+    uint32_t next = kNone;
+    uint32_t empty_index = kNone;  // position in empty_ while empty
+  };
+
+  uint32_t FreeCount(uint32_t slot) const { return PagesInSlot(slot) - slots_[slot].used; }
+  // Partially used slots live in buckets_[free count]; empty and full slots in none.
+  void Link(uint32_t slot);
+  void Unlink(uint32_t slot);
+  void PushEmpty(uint32_t slot);
+  void PopEmpty(uint32_t slot);
+
+  uint32_t page_bytes_;
+  uint32_t min_pages_per_slot_ = kNone;
+  size_t slab_bytes_;
+  std::vector<uint32_t> slot_begin_;       // [slots] first page inside the slot
+  std::vector<uint32_t> slot_end_;         // [slots] one past its last page
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> next_free_;        // [capacity_pages]
+  std::vector<uint32_t> owner_;            // [capacity_pages]
+  std::vector<uint32_t> buckets_;          // head slot per free count
+  std::vector<uint64_t> nonempty_;         // bit per bucket
+  std::vector<uint32_t> empty_;            // mapped slots with no used page
+  std::vector<uint32_t> unmapped_;         // stack of unmapped slots
+  uint32_t free_pages_ = 0;
+  uint32_t mapped_pages_ = 0;
+  uint32_t mapped_slots_ = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SRC_PAGE_POOL_H_

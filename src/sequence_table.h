@@ -1,0 +1,48 @@
+// The live sequences: each an ordered list of block indices and a token count. Slots are
+// reused through a free list; generations make stale SequenceIds fail.
+//
+// Thread-compatible.
+#ifndef KVTIER_SRC_SEQUENCE_TABLE_H_
+#define KVTIER_SRC_SEQUENCE_TABLE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "kvtier/ids.h"
+
+namespace kvtier {
+
+struct Sequence {
+  uint32_t generation = 0;  // 0 while the slot is free
+  int64_t num_tokens = 0;
+  std::vector<uint32_t> blocks;  // block indices, in order; the last may be partial
+};
+
+class SequenceTable {
+ public:
+  SequenceId Add();
+  // The live sequence named by `id`, or nullptr when unknown or stale.
+  Sequence* Find(SequenceId id);
+  const Sequence* Find(SequenceId id) const;
+  // REQUIRES: Find(id) != nullptr.
+  void Remove(SequenceId id);
+
+  int64_t live_count() const { return live_; }
+  // Calls fn(SequenceId, const Sequence&) for each live sequence.
+  template <typename Fn>
+  void ForEach(Fn fn) const {
+    for (uint32_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].generation != 0) fn(SequenceId{i, slots_[i].generation}, slots_[i]);
+    }
+  }
+
+ private:
+  std::vector<Sequence> slots_;
+  std::vector<uint32_t> free_;
+  std::vector<uint32_t> next_generation_;
+  int64_t live_ = 0;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SRC_SEQUENCE_TABLE_H_

@@ -1,0 +1,200 @@
+// Every bad input answers a clear Status and leaves the cache exactly as it was.
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kvtier/cache.h"
+#include "tests/test_util.h"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::ExpectSameState;
+using ::kvtier::testing::MustCreate;
+using ::kvtier::testing::SmallOptions;
+
+TEST(OptionsErrorsTest, InvalidOptionsNameTheField) {
+  struct Case {
+    const char* field;
+    void (*mutate)(Options&);
+  };
+  const Case cases[] = {
+      {"num_layers", [](Options& o) { o.geometry.num_layers = 0; }},
+      {"num_kv_heads", [](Options& o) { o.geometry.num_kv_heads = 300; }},
+      {"head_dim", [](Options& o) { o.geometry.head_dim = 72; }},
+      {"block_tokens", [](Options& o) { o.geometry.block_tokens = 0; }},
+      {"slab_bytes", [](Options& o) { o.slab_bytes = 3 << 20; }},
+      {"memory_budget_bytes", [](Options& o) { o.memory_budget_bytes = 1 << 20; }},
+      {"palette", [](Options& o) { o.palette.clear(); }},
+      {"palette", [](Options& o) { o.palette.assign(9, FormatSpec{}); }},
+      {"palette[1]", [](Options& o) { o.palette.push_back(FormatSpec{}); }},
+      {"palette[0]", [](Options& o) { o.palette = {*ParseFormat("fp8_e4m3/block_head")}; }},
+      {"palette[1]", [](Options& o) {
+         o.geometry.block_tokens = 8;
+         o.palette.push_back(*ParseFormat("nvfp4_channel/block_head"));
+       }},
+      {"palette[0]", [](Options& o) {
+         o.palette[0].k.scope = ScaleScope::kTensor;  // FP16 with a scale
+       }},
+      {"palette[0]", [](Options& o) {
+         o.geometry.num_kv_heads = 256;
+         o.geometry.head_dim = 1024;  // a page of 8 MiB exceeds a 2 MiB slab
+       }},
+      {"k_tensor_amax", [](Options& o) { o.k_tensor_amax = {1.f}; }},
+      {"v_tensor_amax", [](Options& o) { o.v_tensor_amax = {1.f, -2.f}; }},
+  };
+  for (const Case& c : cases) {
+    Options o = SmallOptions();
+    c.mutate(o);
+    absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
+    EXPECT_EQ(cache.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(cache.status().message().find(c.field), absl::string_view::npos)
+        << c.field << ": " << cache.status();
+  }
+}
+
+TEST(OptionsErrorsTest, CudaBackendWithoutCudaIsUnimplemented) {
+  Options o = SmallOptions();
+  o.backend = BackendKind::kCuda;
+  EXPECT_EQ(Cache::Create(o).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+class CacheErrorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cache_ = MustCreate(SmallOptions(/*slabs_per_layer=*/1));  // 256 blocks
+    live_ = *cache_->AddSequence();
+    ASSERT_TRUE(cache_->Append(live_, 20, &slots_).ok());
+    released_ = *cache_->AddSequence();
+    std::vector<int64_t> ignored;
+    ASSERT_TRUE(cache_->Append(released_, 3, &ignored).ok());
+    ASSERT_TRUE(cache_->Release(released_).ok());
+    before_ = cache_->GetStats();
+  }
+
+  // The call failed with `code`; the cache must be as it was.
+  void ExpectUnchanged(const absl::Status& status, absl::StatusCode code) {
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_FALSE(status.message().empty());
+    ExpectSameState(before_, cache_->GetStats());
+    EXPECT_TRUE(cache_->CheckConsistency().ok()) << cache_->CheckConsistency();
+    EXPECT_EQ(*cache_->SequenceLength(live_), 20);
+  }
+
+  KVInput Input(int64_t tokens) {
+    k_.assign(tokens * 2 * 64, 0x3C00);  // 1.0
+    return KVInput{DType::kFloat16, k_.data(), k_.data(), tokens, 2, 64};
+  }
+
+  std::unique_ptr<Cache> cache_;
+  SequenceId live_, released_;
+  std::vector<int64_t> slots_;
+  std::vector<uint16_t> k_;
+  CacheStats before_;
+};
+
+TEST_F(CacheErrorsTest, StaleOrUnknownSequence) {
+  std::vector<int64_t> slots;
+  for (SequenceId bad : {released_, SequenceId{}, SequenceId{77, 1}}) {
+    ExpectUnchanged(cache_->Append(bad, 1, &slots), absl::StatusCode::kNotFound);
+    ExpectUnchanged(cache_->Fork(bad).status(), absl::StatusCode::kNotFound);
+    ExpectUnchanged(cache_->SequenceLength(bad).status(), absl::StatusCode::kNotFound);
+    ExpectUnchanged(cache_->SequenceBlocks(bad).status(), absl::StatusCode::kNotFound);
+    std::vector<float> none;
+    ExpectUnchanged(cache_->ReadKV(bad, 0, absl::MakeSpan(none), absl::MakeSpan(none)),
+                    absl::StatusCode::kNotFound);
+  }
+  EXPECT_TRUE(slots.empty());
+}
+
+TEST_F(CacheErrorsTest, DoubleRelease) {
+  ExpectUnchanged(cache_->Release(released_), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CacheErrorsTest, StaleBlockId) {
+  const BlockId block = cache_->SequenceBlocks(live_)->front();
+  EXPECT_TRUE(cache_->GetBlockInfo(block).ok());
+  ExpectUnchanged(cache_->GetBlockInfo(BlockId{block.index, block.generation + 1}).status(),
+                  absl::StatusCode::kNotFound);
+  ExpectUnchanged(cache_->GetBlockInfo(BlockId{1u << 30, 1}).status(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CacheErrorsTest, AppendBeyondTheBudget) {
+  std::vector<int64_t> slots;
+  ExpectUnchanged(cache_->Append(live_, 256 * 16, &slots), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(slots.empty());
+  EXPECT_EQ(cache_->GetStats().allocation_failures, before_.allocation_failures + 1);
+  // What still fits, fits.
+  EXPECT_TRUE(cache_->Append(live_, 254 * 16, &slots).ok());
+}
+
+TEST_F(CacheErrorsTest, BadAppendArguments) {
+  std::vector<int64_t> slots;
+  ExpectUnchanged(cache_->Append(live_, 0, &slots), absl::StatusCode::kInvalidArgument);
+  ExpectUnchanged(cache_->Append(live_, -5, &slots), absl::StatusCode::kInvalidArgument);
+  ExpectUnchanged(cache_->Append(live_, 1, nullptr), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CacheErrorsTest, WriteWithWrongShapeOrDtype) {
+  const absl::Span<const int64_t> two(slots_.data(), 2);
+  KVInput kv = Input(2);
+  kv.dtype = DType::kFloat32;
+  ExpectUnchanged(cache_->WriteKV(0, two, kv), absl::StatusCode::kInvalidArgument);
+  kv = Input(2);
+  kv.num_heads = 3;
+  ExpectUnchanged(cache_->WriteKV(0, two, kv), absl::StatusCode::kInvalidArgument);
+  kv = Input(2);
+  kv.head_dim = 128;
+  ExpectUnchanged(cache_->WriteKV(0, two, kv), absl::StatusCode::kInvalidArgument);
+  ExpectUnchanged(cache_->WriteKV(0, two, Input(3)), absl::StatusCode::kInvalidArgument);
+  kv = Input(2);
+  kv.v = nullptr;
+  ExpectUnchanged(cache_->WriteKV(0, two, kv), absl::StatusCode::kInvalidArgument);
+  ExpectUnchanged(cache_->WriteKV(2, two, Input(2)), absl::StatusCode::kInvalidArgument);
+  ExpectUnchanged(cache_->WriteKV(-1, two, Input(2)), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CacheErrorsTest, WriteToUnreservedSlots) {
+  const int64_t tail_page = slots_.back() / 16;
+  for (int64_t bad : {int64_t{-1}, tail_page * 16 + 4 /* past the 4 reserved */,
+                      int64_t{200} * 16 /* a page nobody holds */, int64_t{1} << 40}) {
+    const int64_t one[] = {bad};
+    ExpectUnchanged(cache_->WriteKV(0, one, Input(1)), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_F(CacheErrorsTest, WriteIntoASharedTail) {
+  const SequenceId child = *cache_->Fork(live_);
+  before_ = cache_->GetStats();
+  const int64_t tail[] = {slots_.back()};
+  ExpectUnchanged(cache_->WriteKV(0, tail, Input(1)), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(cache_->Release(child).ok());
+  EXPECT_TRUE(cache_->WriteKV(0, tail, Input(1)).ok());
+}
+
+TEST_F(CacheErrorsTest, ReadWithWrongSizes) {
+  std::vector<float> k(20 * 2 * 64), v(20 * 2 * 64 - 1);
+  ExpectUnchanged(cache_->ReadKV(live_, 0, absl::MakeSpan(k), absl::MakeSpan(v)),
+                  absl::StatusCode::kInvalidArgument);
+  v.resize(k.size());
+  ExpectUnchanged(cache_->ReadKV(live_, 5, absl::MakeSpan(k), absl::MakeSpan(v)),
+                  absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CacheErrorsTest, PageTablesForAnUnknownSequence) {
+  PageTables tables;
+  ASSERT_TRUE(cache_->BuildPageTables({live_}, &tables).ok());
+  const PageTables copy = tables;
+  ExpectUnchanged(cache_->BuildPageTables({live_, released_}, &tables),
+                  absl::StatusCode::kNotFound);
+  EXPECT_EQ(tables.packed, copy.packed);
+  EXPECT_EQ(tables.seq_lens, copy.seq_lens);
+  ExpectUnchanged(cache_->BuildPageTables({live_}, nullptr), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CacheErrorsTest, PoolOutOfRange) {
+  ExpectUnchanged(cache_->GetPool(1, 0).status(), absl::StatusCode::kInvalidArgument);
+  ExpectUnchanged(cache_->GetPool(0, 2).status(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtier

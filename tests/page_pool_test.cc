@@ -1,0 +1,74 @@
+#include "src/page_pool.h"
+
+#include <set>
+
+#include "gtest/gtest.h"
+
+namespace kvtier {
+namespace {
+
+constexpr size_t kSlab = size_t{2} << 20;
+
+TEST(PagePoolTest, PagesNeverStraddleSlabs) {
+  const uint32_t page_bytes = 18688;  // NVFP4 per (block, head): does not divide 2 MiB
+  PagePool pool(page_bytes, kSlab, 3);
+  for (uint32_t s = 0; s < 3; ++s) {
+    const uint64_t begin = uint64_t{pool.FirstPage(s)} * page_bytes;
+    const uint64_t end = uint64_t{pool.FirstPage(s) + pool.PagesInSlot(s)} * page_bytes;
+    EXPECT_GE(begin, s * kSlab);
+    EXPECT_LE(end, (s + 1) * kSlab);
+    EXPECT_GE(pool.PagesInSlot(s), kSlab / page_bytes - 1);
+    EXPECT_EQ(pool.SlotOfPage(pool.FirstPage(s)), s);
+  }
+  EXPECT_EQ(pool.MinPagesPerSlot(), 111u);  // slots 1 and 2 lose a straddling page
+}
+
+TEST(PagePoolTest, AllocatesFromTheFullestSlab) {
+  PagePool pool(kSlab / 4, kSlab, 3);  // 4 pages per slab
+  pool.AddSlot(pool.UnmappedSlot());
+  pool.AddSlot(pool.UnmappedSlot());
+  std::vector<uint32_t> pages;
+  for (int i = 0; i < 8; ++i) pages.push_back(pool.Allocate(100 + i));
+  EXPECT_EQ(pool.free_pages(), 0u);
+  // Free one page in slot 0 and three in slot 1: the next allocation drains slot 0's hole,
+  // the fuller slab, and leaves slot 1 to empty out.
+  pool.Free(pages[0]);
+  pool.Free(pages[4]);
+  pool.Free(pages[5]);
+  pool.Free(pages[6]);
+  EXPECT_EQ(pool.SlotOfPage(pool.Allocate(7)), pool.SlotOfPage(pages[0]));
+  pool.Free(pages[7]);
+  EXPECT_EQ(pool.empty_slots(), 1u);
+  const uint32_t empty = pool.EmptySlot();
+  pool.RemoveSlot(empty);
+  EXPECT_EQ(pool.mapped_slots(), 1u);
+  EXPECT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
+}
+
+TEST(PagePoolTest, OwnersAndCounts) {
+  PagePool pool(8192, kSlab, 2);
+  EXPECT_EQ(pool.capacity_pages(), 512u);
+  pool.AddSlot(pool.UnmappedSlot());
+  std::set<uint32_t> seen;
+  for (uint32_t i = 0; i < 256; ++i) {
+    const uint32_t p = pool.Allocate(i);
+    EXPECT_TRUE(seen.insert(p).second);
+    EXPECT_EQ(pool.Owner(p), i);
+  }
+  EXPECT_EQ(pool.used_pages(), 256u);
+  pool.SetOwner(*seen.begin(), PagePool::kPending);
+  pool.Free(*seen.begin());
+  EXPECT_EQ(pool.Owner(*seen.begin()), PagePool::kNone);
+  EXPECT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
+}
+
+TEST(PagePoolTest, CheckerFindsACorruptOwner) {
+  PagePool pool(8192, kSlab, 1);
+  pool.AddSlot(pool.UnmappedSlot());
+  const uint32_t p = pool.Allocate(5);
+  pool.SetOwner(p, PagePool::kNone);  // a used page that claims to be free
+  EXPECT_EQ(pool.CheckConsistency().code(), absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,63 @@
+// Helpers shared by the cache tests.
+#ifndef KVTIER_TESTS_TEST_UTIL_H_
+#define KVTIER_TESTS_TEST_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/codec/half.h"
+#include "kvtier/cache.h"
+
+namespace kvtier::testing {
+
+// A small geometry: 2 layers, 2 KV heads, head_dim 64, 16-token blocks; FP16 pages of 8 KiB,
+// so a 2 MiB slab holds 256 pages.
+inline Options SmallOptions(int slabs_per_layer = 4) {
+  Options o;
+  o.geometry = Geometry{2, 2, 64, 16};
+  o.memory_budget_bytes = size_t{2} * slabs_per_layer * o.slab_bytes;
+  return o;
+}
+
+inline std::unique_ptr<Cache> MustCreate(const Options& o) {
+  absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return cache.ok() ? std::move(*cache) : nullptr;
+}
+
+// Random FP16 bit patterns of finite, non-zero values in about [-8, 8].
+inline std::vector<uint16_t> RandomHalves(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 2.f);
+  std::vector<uint16_t> out(n);
+  for (uint16_t& h : out) {
+    float x = dist(rng);
+    if (x == 0.f) x = 1.f;
+    h = codec::FloatToHalf(x);
+  }
+  return out;
+}
+
+// The counters and gauges that must not move when a call fails.
+inline void ExpectSameState(const CacheStats& a, const CacheStats& b) {
+  EXPECT_EQ(a.slabs_free, b.slabs_free);
+  EXPECT_EQ(a.used_bytes, b.used_bytes);
+  EXPECT_EQ(a.sequences, b.sequences);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.pages_pending_reclaim, b.pages_pending_reclaim);
+  EXPECT_EQ(a.copy_on_write_blocks, b.copy_on_write_blocks);
+  ASSERT_EQ(a.formats.size(), b.formats.size());
+  for (size_t f = 0; f < a.formats.size(); ++f) {
+    EXPECT_EQ(a.formats[f].slabs_mapped, b.formats[f].slabs_mapped) << f;
+    EXPECT_EQ(a.formats[f].pages_used, b.formats[f].pages_used) << f;
+    EXPECT_EQ(a.formats[f].blocks_in_use, b.formats[f].blocks_in_use) << f;
+    EXPECT_EQ(a.formats[f].blocks_cached, b.formats[f].blocks_cached) << f;
+  }
+}
+
+}  // namespace kvtier::testing
+
+#endif  // KVTIER_TESTS_TEST_UTIL_H_
