@@ -171,40 +171,72 @@ absl::StatusOr<SequenceId> CacheImpl::AddSequence() {
 }
 
 absl::Status CacheImpl::Append(SequenceId id, int64_t num_tokens, std::vector<int64_t>* slots) {
-  if (num_tokens < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("num_tokens ", num_tokens, " is not positive"));
+  return AppendBatch(absl::MakeConstSpan(&id, 1), absl::MakeConstSpan(&num_tokens, 1), slots);
+}
+
+absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
+                                    absl::Span<const int64_t> num_tokens,
+                                    std::vector<int64_t>* slots) {
+  if (batch.size() != num_tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("batch has ", batch.size(), " sequences but ",
+                                                   num_tokens.size(), " token counts"));
   }
   if (slots == nullptr) return absl::InvalidArgumentError("slots is null");
-  absl::MutexLock lock(&mu_);
-  Sequence* seq = sequences_.Find(id);
-  if (seq == nullptr) return UnknownSequence(id);
+  for (int64_t n : num_tokens) {
+    if (n < 1) return absl::InvalidArgumentError(absl::StrCat("num_tokens ", n, " is not positive"));
+  }
   const int64_t s = options_.geometry.block_tokens;
-  const int64_t old_blocks = (seq->num_tokens + s - 1) / s;
-  const int64_t new_blocks = (seq->num_tokens + num_tokens + s - 1) / s - old_blocks;
-  const bool tail_partial = seq->num_tokens % s != 0;
-  const bool copy_tail = tail_partial && blocks_[seq->blocks.back()].ref_count > 1;
-  const int64_t pages = new_blocks + (copy_tail ? 1 : 0);
+  absl::MutexLock lock(&mu_);
+  // Plan: count the pages the whole batch needs, so that it fails before changing anything.
+  int64_t pages = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Sequence* seq = sequences_.Find(batch[i]);
+    if (seq == nullptr) return UnknownSequence(batch[i]);
+    const int64_t room = TailRoom(*seq);
+    if (num_tokens[i] > room) pages += (num_tokens[i] - room + s - 1) / s;
+    // A shared partial tail is copied before the write. (A sequence named twice in the batch
+    // is counted twice: an upper bound.)
+    if (room > 0 && blocks_[seq->blocks.back()].ref_count > 1) pages += 1;
+  }
   // Block metadata never runs out before pages do (see the BlockTable's capacity).
   if (pages > 0) KVTIER_RETURN_IF_ERROR(EnsureFreePages(0, static_cast<uint32_t>(pages)));
-  if (copy_tail) {
-    const uint32_t shared = seq->blocks.back();
-    const uint32_t copy = NewBlock(0);
-    for (int l = 0; l < options_.geometry.num_layers; ++l) {
-      KVTIER_RETURN_IF_ERROR(backend_->CopyPage(View(0, l), blocks_[shared].page, blocks_[copy].page));
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence* seq = sequences_.Find(batch[i]);
+    if (TailRoom(*seq) > 0 && blocks_[seq->blocks.back()].ref_count > 1) {
+      KVTIER_RETURN_IF_ERROR(CopyTail(*seq));
     }
-    blocks_[copy].num_tokens = blocks_[shared].num_tokens;
-    DropRef(shared);
-    seq->blocks.back() = copy;
-    copy_on_write_blocks_ += 1;
+    for (int64_t t = 0; t < num_tokens[i]; ++t) {
+      if (TailRoom(*seq) == 0) seq->blocks.push_back(NewBlock(0));
+      BlockMeta& tail = blocks_[seq->blocks.back()];
+      slots->push_back(static_cast<int64_t>(tail.page) * s + tail.num_tokens);
+      tail.num_tokens += 1;
+    }
+    seq->num_tokens += num_tokens[i];
+    tokens_ += num_tokens[i];
   }
-  for (int64_t i = 0; i < num_tokens; ++i) {
-    if ((seq->num_tokens + i) % s == 0) seq->blocks.push_back(NewBlock(0));
-    BlockMeta& tail = blocks_[seq->blocks.back()];
-    slots->push_back(static_cast<int64_t>(tail.page) * s + tail.num_tokens);
-    tail.num_tokens += 1;
+  return absl::OkStatus();
+}
+
+int64_t CacheImpl::TailRoom(const Sequence& seq) const {
+  if (seq.blocks.empty()) return 0;
+  return options_.geometry.block_tokens - blocks_[seq.blocks.back()].num_tokens;
+}
+
+absl::Status CacheImpl::CopyTail(Sequence& seq) {
+  const uint32_t shared = seq.blocks.back();
+  const uint32_t copy = NewBlock(0);
+  for (int l = 0; l < options_.geometry.num_layers; ++l) {
+    const absl::Status s = backend_->CopyPage(View(0, l), blocks_[shared].page, blocks_[copy].page);
+    if (!s.ok()) {
+      DropRef(copy);
+      RetireSynchronous();
+      return s;
+    }
   }
-  seq->num_tokens += num_tokens;
-  tokens_ += num_tokens;
+  blocks_[copy].num_tokens = blocks_[shared].num_tokens;
+  DropRef(shared);
+  seq.blocks.back() = copy;
+  copy_on_write_blocks_ += 1;
   return absl::OkStatus();
 }
 

@@ -28,6 +28,8 @@ class CacheImpl final : public Cache {
   const Options& options() const override { return options_; }
   absl::StatusOr<SequenceId> AddSequence() override;
   absl::Status Append(SequenceId seq, int64_t num_tokens, std::vector<int64_t>* slots) override;
+  absl::Status AppendBatch(absl::Span<const SequenceId> batch, absl::Span<const int64_t> num_tokens,
+                           std::vector<int64_t>* slots) override;
   absl::StatusOr<SequenceId> Fork(SequenceId parent) override;
   absl::Status Release(SequenceId seq) override;
   absl::StatusOr<int64_t> SequenceLength(SequenceId seq) const override;
@@ -61,6 +63,11 @@ class CacheImpl final : public Cache {
   // Drops one reference; the last one frees the block and queues its page for reclamation.
   void DropRef(uint32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireSynchronous() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tokens the last block of `seq` can still take (0 when it is full or there is none).
+  int64_t TailRoom(const Sequence& seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replaces the shared partial tail of `seq` with a private copy.
+  // REQUIRES: a free page of the hot format.
+  absl::Status CopyTail(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckSlots(int32_t layer, absl::Span<const int64_t> slots, const KVInput& kv) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -102,6 +102,12 @@ class KVTIER_EXPORT Cache {
   virtual absl::Status Append(SequenceId seq, int64_t num_tokens,
                               std::vector<int64_t>* slots) = 0;
 
+  // Append for a whole batch under one lock, all or nothing: num_tokens[i] tokens to batch[i],
+  // slots appended in batch order. The scheduler's call for a decode step.
+  virtual absl::Status AppendBatch(absl::Span<const SequenceId> batch,
+                                   absl::Span<const int64_t> num_tokens,
+                                   std::vector<int64_t>* slots) = 0;
+
   // A new sequence with the same tokens as `parent`: full blocks are shared, and the partial
   // tail is shared until either sequence appends, which copies it first.
   virtual absl::StatusOr<SequenceId> Fork(SequenceId parent) = 0;

@@ -13,10 +13,10 @@
 //   q     = 0 < m <= FLT_MAX ? e2m1(x * m) : 0          (sf == 0 or S_enc == 0: zeros)
 //   x'    = (float(q) * float(sf)) * d                  (the first product is exact)
 //
-// Amax arguments should be the largest |x| over the finite values of their scope; NaN and Inf
-// elements then encode by the E2M1 rule (Inf -> +-6 sf, NaN -> +6 sf: the micro-block's finite
-// amax, about). An infinite A saturates: S_enc becomes 2688 / FLT_MAX, so ordinary values
-// encode as zeros and Inf elements decode to about FLT_MAX; a NaN A zeros the scope.
+// Amax arguments should be the largest |x| over the finite values of their scope; then +-Inf
+// and NaN elements encode by the E2M1 rule as +-6 and +6, which decode to about +-a and +a.
+// An infinite A saturates: S_enc becomes 2688 / FLT_MAX, so ordinary values encode as zeros
+// and Inf elements decode to about FLT_MAX; a NaN A zeros the scope.
 // kNvfp4MinAmax = 2^-96 keeps S_enc, m, d and every nonzero decoded value normal floats, so
 // results do not depend on flush-to-zero and m cannot overflow.
 #ifndef KVTIER_KERNELS_CODEC_NVFP4_H_

@@ -71,13 +71,19 @@ void BM_AppendStep1024(benchmark::State& state) {
     for (SequenceId s : seqs) (void)cache->Release(s);
     seqs.clear();
     for (int i = 0; i < kSequences; ++i) seqs.push_back(*cache->AddSequence());
-    (void)cache->EndStep();
   };
+  // Steady state: the pool already holds the slabs a round needs (mapping a slab is a rare,
+  // batched event that EndStep reverses only for slabs left empty).
+  const std::vector<int64_t> ones(kSequences, 1);
+  reset();
+  for (int i = 0; i < kStepsPerRound; ++i) {
+    for (SequenceId s : seqs) (void)cache->Append(s, 1, &slots);
+  }
   reset();
   int step = 0;
   for (auto _ : state) {
     slots.clear();
-    for (SequenceId s : seqs) benchmark::DoNotOptimize(cache->Append(s, 1, &slots));
+    benchmark::DoNotOptimize(cache->AppendBatch(seqs, ones, &slots));
     if (++step % kStepsPerRound == 0) {
       state.PauseTiming();
       reset();

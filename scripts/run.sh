@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds kvtier (Release) and runs the kvtier tool on the CPU backend.
+# Arguments are passed to the tool; with none it runs `kvtier demo`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_BUILD_TESTS=OFF \
+  -DKVTIER_BUILD_BENCHMARKS=OFF >/dev/null
+cmake --build build-release -j "$(nproc)" --target kvtier_tool
+exec build-release/kvtier "${@:-demo}"

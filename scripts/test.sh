@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs what is missing, then builds kvtier and runs every test:
+#   1. g++ RelWithDebInfo: all unit tests, the demo, and the embedding example built against the
+#      installed CMake package and pkg-config file;
+#   2. g++ with AddressSanitizer + UndefinedBehaviorSanitizer: all unit tests;
+#   3. clang with -Wthread-safety as an error and ThreadSanitizer: all unit tests.
+# Build trees live under build-ci/ (removed first, so every run starts clean).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+jobs=$(nproc)
+root=build-ci
+rm -rf "$root"
+export CTEST_OUTPUT_ON_FAILURE=1
+
+step() { echo; echo "==== $* ($(date +%T))"; }
+
+configure_build_test() {  # name, extra cmake args...
+  local name=$1; shift
+  step "$name: configure and build"
+  cmake -S . -B "$root/$name" -G Ninja -DKVTIER_BUILD_BENCHMARKS=OFF "$@" >"$root/$name.configure.log"
+  cmake --build "$root/$name" -j "$jobs"
+  step "$name: tests"
+  ctest --test-dir "$root/$name" -j "$jobs" --timeout 600
+}
+
+mkdir -p "$root"
+configure_build_test release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX="$PWD/$root/prefix"
+
+step "release: demo"
+"$root/release/kvtier" demo
+
+step "release: install, then build examples/embed against the installed package"
+cmake --install "$root/release" >/dev/null
+cmake -S examples/embed -B "$root/embed" -G Ninja -DCMAKE_PREFIX_PATH="$PWD/$root/prefix" >/dev/null
+cmake --build "$root/embed"
+"$root/embed/embed"
+PKG_CONFIG_PATH="$PWD/$root/prefix/lib/pkgconfig" pkg-config --cflags --libs kvtier >/dev/null
+echo "pkg-config kvtier: OK"
+
+configure_build_test asan-ubsan -DCMAKE_BUILD_TYPE=Debug -DKVTIER_BUILD_TOOLS=OFF \
+  -DKVTIER_SANITIZE=address,undefined
+
+configure_build_test tsan-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_BUILD_TOOLS=OFF \
+  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="-Werror=thread-safety" -DKVTIER_SANITIZE=thread
+
+step "all builds and tests passed"
