@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include <cmath>
+
 #include "kernels/codec/fp4.h"
 #include "kernels/codec/fp8.h"
 #include "kernels/codec/half.h"

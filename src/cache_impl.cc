@@ -162,11 +162,12 @@ void CacheImpl::DropRef(uint32_t block) {
 
 void CacheImpl::RetireSynchronous() {
   if (!backend_->synchronous()) return;
-  reclaim_.RetireAll([this](const ReclaimQueue::Entry& e) { pools_[e.format].Free(e.page); });
+  ReclaimQueue::Entry e;
+  while (reclaim_.PopAny(&e)) pools_[e.format].Free(e.page);
 }
 
 absl::StatusOr<SequenceId> CacheImpl::AddSequence() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return sequences_.Add();
 }
 
@@ -186,7 +187,7 @@ absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
     if (n < 1) return absl::InvalidArgumentError(absl::StrCat("num_tokens ", n, " is not positive"));
   }
   const int64_t s = options_.geometry.block_tokens;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   // Plan: count the pages the whole batch needs, so that it fails before changing anything.
   int64_t pages = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -241,7 +242,7 @@ absl::Status CacheImpl::CopyTail(Sequence& seq) {
 }
 
 absl::StatusOr<SequenceId> CacheImpl::Fork(SequenceId parent) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const Sequence* p = sequences_.Find(parent);
   if (p == nullptr) return UnknownSequence(parent);
   const std::vector<uint32_t> blocks = p->blocks;  // Add may move the parent's slot
@@ -256,7 +257,7 @@ absl::StatusOr<SequenceId> CacheImpl::Fork(SequenceId parent) {
 }
 
 absl::Status CacheImpl::Release(SequenceId id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Sequence* seq = sequences_.Find(id);
   if (seq == nullptr) return UnknownSequence(id);
   for (uint32_t b : seq->blocks) DropRef(b);
@@ -267,14 +268,14 @@ absl::Status CacheImpl::Release(SequenceId id) {
 }
 
 absl::StatusOr<int64_t> CacheImpl::SequenceLength(SequenceId id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const Sequence* seq = sequences_.Find(id);
   if (seq == nullptr) return UnknownSequence(id);
   return seq->num_tokens;
 }
 
 absl::StatusOr<std::vector<BlockId>> CacheImpl::SequenceBlocks(SequenceId id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const Sequence* seq = sequences_.Find(id);
   if (seq == nullptr) return UnknownSequence(id);
   std::vector<BlockId> ids;
@@ -284,7 +285,7 @@ absl::StatusOr<std::vector<BlockId>> CacheImpl::SequenceBlocks(SequenceId id) co
 }
 
 absl::StatusOr<BlockInfo> CacheImpl::GetBlockInfo(BlockId id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!blocks_.IsLive(id)) {
     return absl::NotFoundError(
         absl::StrCat("block ", id.index, "/", id.generation, " is unknown or stale"));
@@ -334,7 +335,7 @@ absl::Status CacheImpl::CheckSlots(int32_t layer, absl::Span<const int64_t> slot
 }
 
 absl::Status CacheImpl::WriteKV(int32_t layer, absl::Span<const int64_t> slots, const KVInput& kv) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   KVTIER_RETURN_IF_ERROR(CheckSlots(layer, slots, kv));
   if (slots.empty()) return absl::OkStatus();
   return backend_->WriteRows(View(0, layer), slots, kv);
@@ -342,7 +343,7 @@ absl::Status CacheImpl::WriteKV(int32_t layer, absl::Span<const int64_t> slots, 
 
 absl::Status CacheImpl::ReadKV(SequenceId id, int32_t layer, absl::Span<float> k,
                                absl::Span<float> v) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const Sequence* seq = sequences_.Find(id);
   if (seq == nullptr) return UnknownSequence(id);
   const Geometry& g = options_.geometry;
@@ -368,7 +369,7 @@ absl::StatusOr<PoolInfo> CacheImpl::GetPool(int32_t format, int32_t layer) const
   if (format < 0 || format >= num_formats() || layer < 0 || layer >= options_.geometry.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("no pool for format ", format, ", layer ", layer));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const PoolView view = View(format, layer);
   const PageLayout& l = view.layout;
   PoolInfo info;
@@ -390,7 +391,7 @@ absl::StatusOr<PoolInfo> CacheImpl::GetPool(int32_t format, int32_t layer) const
 absl::Status CacheImpl::BuildPageTables(absl::Span<const SequenceId> batch,
                                         PageTables* tables) const {
   if (tables == nullptr) return absl::InvalidArgumentError("tables is null");
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (SequenceId id : batch) {
     if (sequences_.Find(id) == nullptr) return UnknownSequence(id);
   }
@@ -423,15 +424,17 @@ absl::Status CacheImpl::BuildPageTables(absl::Span<const SequenceId> batch,
 }
 
 absl::Status CacheImpl::EndStep() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   steps_ += 1;
   if (backend_->synchronous()) {
     RetireSynchronous();
   } else {
     KVTIER_ASSIGN_OR_RETURN(const uint64_t fence, backend_->RecordFence());
     reclaim_.CloseStep(fence);
-    reclaim_.Retire([this](uint64_t f) { return backend_->FencePassed(f); },
-                    [this](const ReclaimQueue::Entry& e) { pools_[e.format].Free(e.page); });
+    ReclaimQueue::Entry e;
+    while (reclaim_.PopPassed([this](uint64_t f) { return backend_->FencePassed(f); }, &e)) {
+      pools_[e.format].Free(e.page);
+    }
   }
   // Each pool keeps one empty slab for the next step; the others return to the budget.
   absl::Status status;
@@ -442,7 +445,7 @@ absl::Status CacheImpl::EndStep() {
 }
 
 CacheStats CacheImpl::GetStats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const Geometry& g = options_.geometry;
   CacheStats s;
   s.budget_bytes = static_cast<int64_t>(options_.memory_budget_bytes);

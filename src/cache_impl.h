@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "src/mutex.h"
 #include "kvtier/cache.h"
 #include "src/backend.h"
 #include "src/block_table.h"
@@ -78,7 +78,7 @@ class CacheImpl final : public Cache {
   const size_t range_bytes_;               // reserved per (format, layer)
   std::vector<uint8_t*> bases_;            // [format * layers + layer], fixed after Create
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::vector<PagePool> pools_ ABSL_GUARDED_BY(mu_);  // [format]
   std::vector<float> k_scales_ ABSL_GUARDED_BY(mu_);  // [format * layers + layer]
   std::vector<float> v_scales_ ABSL_GUARDED_BY(mu_);

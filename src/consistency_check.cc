@@ -16,20 +16,20 @@ absl::Status Violation(absl::string_view what) {
 }  // namespace
 
 absl::Status CacheImpl::CheckConsistency() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const int64_t s = options_.geometry.block_tokens;
 
   // Reference counts equal references from sequences; sequences are well formed.
   std::vector<uint32_t> refs(blocks_.capacity(), 0);
-  absl::Status status;
   int64_t tokens = 0;
-  sequences_.ForEach([&](SequenceId id, const Sequence& seq) {
+  for (uint32_t index = 0; index < sequences_.num_slots(); ++index) {
+    const Sequence& seq = sequences_.slot(index);
+    if (seq.generation == 0) continue;
     tokens += seq.num_tokens;
     const int64_t want_blocks = (seq.num_tokens + s - 1) / s;
     if (static_cast<int64_t>(seq.blocks.size()) != want_blocks) {
-      status.Update(Violation(absl::StrCat("sequence ", id.index, " has ", seq.blocks.size(),
-                                           " blocks for ", seq.num_tokens, " tokens")));
-      return;
+      return Violation(absl::StrCat("sequence ", index, " has ", seq.blocks.size(),
+                                    " blocks for ", seq.num_tokens, " tokens"));
     }
     for (size_t i = 0; i < seq.blocks.size(); ++i) {
       const uint32_t b = seq.blocks[i];
@@ -37,15 +37,14 @@ absl::Status CacheImpl::CheckConsistency() const {
       const BlockMeta& m = blocks_[b];
       const int64_t want_tokens = std::min<int64_t>(s, seq.num_tokens - static_cast<int64_t>(i) * s);
       if (m.state != BlockState::kInUse || m.num_tokens != want_tokens) {
-        status.Update(Violation(absl::StrCat("sequence ", id.index, " block ", i, " (", b,
-                                             ") is not in use with ", want_tokens, " tokens")));
+        return Violation(absl::StrCat("sequence ", index, " block ", i, " (", b,
+                                      ") is not in use with ", want_tokens, " tokens"));
       }
       if (m.num_tokens < s && m.format != 0) {
-        status.Update(Violation(absl::StrCat("partial block ", b, " is not in the hot format")));
+        return Violation(absl::StrCat("partial block ", b, " is not in the hot format"));
       }
     }
-  });
-  KVTIER_RETURN_IF_ERROR(status);
+  }
   if (tokens != tokens_) return Violation(absl::StrCat("token count ", tokens_, " != ", tokens));
 
   // Every block in exactly one state; live blocks own exactly their page.
@@ -84,13 +83,12 @@ absl::Status CacheImpl::CheckConsistency() const {
 
   // Per pool: free + owned + pending = mapped capacity, and slabs add up to the budget.
   std::vector<uint32_t> pending(num_formats(), 0);
-  reclaim_.ForEach([&](const ReclaimQueue::Entry& e) {
+  for (const ReclaimQueue::Entry& e : reclaim_.entries()) {
     pending[e.format] += 1;
     if (pools_[e.format].Owner(e.page) != PagePool::kPending) {
-      status.Update(Violation(absl::StrCat("page ", e.page, " awaits reclamation but is owned")));
+      return Violation(absl::StrCat("page ", e.page, " awaits reclamation but is owned"));
     }
-  });
-  KVTIER_RETURN_IF_ERROR(status);
+  }
   uint32_t slabs = free_slabs_;
   for (int f = 0; f < num_formats(); ++f) {
     const PagePool& pool = pools_[f];

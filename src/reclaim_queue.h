@@ -28,30 +28,28 @@ class ReclaimQueue {
     open_begin_ = entries_.size();
   }
 
-  // Pops, oldest first, closed pages whose fence has passed: release(entry) for each.
-  // Stops at the first fence that has not passed (fences complete in order).
-  template <typename Passed, typename Release>
-  void Retire(Passed passed, Release release) {
-    while (open_begin_ > 0 && passed(entries_.front().fence)) {
-      release(entries_.front());
-      entries_.pop_front();
-      open_begin_ -= 1;
-    }
+  // Pops into `entry` the oldest closed page whose fence has passed. False when there is none:
+  // fences complete in order, so it stops at the first that has not passed.
+  template <typename Passed>
+  bool PopPassed(Passed passed, Entry* entry) {
+    if (open_begin_ == 0 || !passed(entries_.front().fence)) return false;
+    *entry = entries_.front();
+    entries_.pop_front();
+    open_begin_ -= 1;
+    return true;
   }
 
-  // Pops every page, closed or open, without waiting: for synchronous backends.
-  template <typename Release>
-  void RetireAll(Release release) {
-    for (const Entry& e : entries_) release(e);
-    entries_.clear();
-    open_begin_ = 0;
+  // Pops the oldest page, closed or not, without waiting: for synchronous backends.
+  bool PopAny(Entry* entry) {
+    if (entries_.empty()) return false;
+    *entry = entries_.front();
+    entries_.pop_front();
+    open_begin_ = open_begin_ > 0 ? open_begin_ - 1 : 0;
+    return true;
   }
 
   size_t size() const { return entries_.size(); }
-  template <typename Fn>
-  void ForEach(Fn fn) const {
-    for (const Entry& e : entries_) fn(e);
-  }
+  const std::deque<Entry>& entries() const { return entries_; }
 
  private:
   std::deque<Entry> entries_;

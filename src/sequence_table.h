@@ -28,13 +28,9 @@ class SequenceTable {
   void Remove(SequenceId id);
 
   int64_t live_count() const { return live_; }
-  // Calls fn(SequenceId, const Sequence&) for each live sequence.
-  template <typename Fn>
-  void ForEach(Fn fn) const {
-    for (uint32_t i = 0; i < slots_.size(); ++i) {
-      if (slots_[i].generation != 0) fn(SequenceId{i, slots_[i].generation}, slots_[i]);
-    }
-  }
+  // Slots are numbered [0, num_slots()); a free slot has generation 0.
+  uint32_t num_slots() const { return static_cast<uint32_t>(slots_.size()); }
+  const Sequence& slot(uint32_t index) const { return slots_[index]; }
 
  private:
   std::vector<Sequence> slots_;

@@ -1,6 +1,6 @@
 // The cache: paged K/V storage for many sequences in a palette of formats over one budget.
 //
-// Thread-safety: a Cache is thread-safe. Every method takes one internal mutex; an engine's
+// Thread-safety: a Cache is thread-safe. Every method takes one internal mutex (std::mutex); an engine's
 // scheduler thread drives it while other threads (metrics, tools) read stats concurrently.
 //
 // Every fallible method returns absl::Status or absl::StatusOr and, on failure, leaves the
