@@ -40,9 +40,9 @@ PKG_CONFIG_PATH="$PWD/$root/prefix/lib/pkgconfig" pkg-config --cflags --libs kvt
 echo "pkg-config kvtier: OK"
 
 configure_build_test asan-ubsan -DCMAKE_BUILD_TYPE=Debug -DKVTIER_BUILD_TOOLS=OFF \
-  -DKVTIER_SANITIZE=address,undefined
+  -DKVTIER_SANITIZE=address,undefined -DKVTIER_WITH_CUDA=OFF
 
 configure_build_test tsan-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_BUILD_TOOLS=OFF \
-  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="-Werror=thread-safety" -DKVTIER_SANITIZE=thread
+  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="-Werror=thread-safety" -DKVTIER_SANITIZE=thread -DKVTIER_WITH_CUDA=OFF
 
 step "all builds and tests passed"

@@ -40,12 +40,20 @@ class Backend {
   virtual absl::Status Unmap(uint8_t* addr, size_t bytes) = 0;
 
   // Encodes token rows into token-wise pages: row i of `kv` goes to slot slots[i]
-  // (page * block_tokens + offset). REQUIRES: slots and shapes validated by the cache.
+  // (page * block_tokens + offset). Adds the count of NaN/Inf input values to *nonfinite.
+  // REQUIRES: slots and shapes validated by the cache.
   virtual absl::Status WriteRows(const PoolView& pool, absl::Span<const int64_t> slots,
-                                 const KVInput& kv) = 0;
+                                 const KVInput& kv, int64_t* nonfinite) = 0;
   // Decodes the first `num_tokens` tokens of `page` into k and v, [num_tokens, heads, dim].
   virtual absl::Status ReadPage(const PoolView& pool, uint32_t page, int num_tokens, float* k,
                                 float* v) = 0;
+  // Requantises full blocks in every layer: page src_pages[i] of `from[layer]` is decoded and
+  // re-encoded into page dst_pages[i] of `to[layer]`, scales computed from the block's own data
+  // (page_codec.h's EncodeBlockHead). REQUIRES: from.size() == to.size() == layers; the pages
+  // hold full blocks.
+  virtual absl::Status Requantize(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
+                                  absl::Span<const uint32_t> src_pages,
+                                  absl::Span<const uint32_t> dst_pages) = 0;
   // Copies page `src` to page `dst` of one pool.
   virtual absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) = 0;
 
@@ -57,6 +65,10 @@ class Backend {
 };
 
 std::unique_ptr<Backend> MakeCpuBackend();
+
+// The CUDA backend on the current device. Unavailable (with the reason) when no driver or
+// device is present. Defined only in builds with KVTIER_WITH_CUDA.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend();
 
 }  // namespace kvtier
 

@@ -15,8 +15,14 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(const Options& options) {
     case BackendKind::kCpu:
       backend = MakeCpuBackend();
       break;
-    case BackendKind::kCuda:
+    case BackendKind::kCuda: {
+#if KVTIER_WITH_CUDA
+      KVTIER_ASSIGN_OR_RETURN(backend, MakeCudaBackend());
+      break;
+#else
       return absl::UnimplementedError("this build of kvtier has no CUDA backend");
+#endif
+    }
   }
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<CacheImpl> cache,
                           CacheImpl::Create(options, std::move(backend)));

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/codec/half.h"
+#include "kernels/page_codec.h"
 #include "src/status_macros.h"
 
 namespace kvtier {
@@ -67,6 +69,9 @@ CacheImpl::CacheImpl(const Options& options, std::unique_ptr<Backend> backend)
         return num_slabs_ * densest;
       }()) {
   const int layers = options.geometry.num_layers;
+  for (int f = 0; f < num_formats() * num_formats(); ++f) {
+    migrations_.push_back(MigrationStats{f / num_formats(), f % num_formats(), 0, 0});
+  }
   for (int f = 0; f < num_formats(); ++f) {
     pools_.emplace_back(layouts_[f].page_bytes, options.slab_bytes, num_slabs_);
     const FormatSpec& spec = options.palette[f];
@@ -295,24 +300,35 @@ absl::StatusOr<BlockInfo> CacheImpl::GetBlockInfo(BlockId id) const {
                    static_cast<int32_t>(b.ref_count), b.num_tokens};
 }
 
-absl::Status CacheImpl::CheckSlots(int32_t layer, absl::Span<const int64_t> slots,
-                                   const KVInput& kv) const {
-  const Geometry& g = options_.geometry;
-  if (layer < 0 || layer >= g.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " is outside [0, ", g.num_layers, ")"));
+absl::Status CacheImpl::CheckLayer(int32_t layer) const {
+  if (layer < 0 || layer >= options_.geometry.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " is outside [0, ", options_.geometry.num_layers, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::CheckInput(const KVInput& kv, int64_t num_tokens) const {
+  const Geometry& g = options_.geometry;
   if (kv.dtype != DType::kFloat16 && kv.dtype != DType::kBFloat16) {
     return absl::InvalidArgumentError("K/V input must be FP16 or BF16");
   }
-  if (kv.num_tokens != static_cast<int64_t>(slots.size()) || kv.num_heads != g.num_kv_heads ||
-      kv.head_dim != g.head_dim) {
+  if (kv.num_tokens != num_tokens || kv.num_heads != g.num_kv_heads || kv.head_dim != g.head_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "K/V shape [", kv.num_tokens, ", ", kv.num_heads, ", ", kv.head_dim, "] != [",
-        slots.size(), ", ", g.num_kv_heads, ", ", g.head_dim, "]"));
+        "K/V shape [", kv.num_tokens, ", ", kv.num_heads, ", ", kv.head_dim, "] != [", num_tokens,
+        ", ", g.num_kv_heads, ", ", g.head_dim, "]"));
   }
   if (kv.num_tokens > 0 && (kv.k == nullptr || kv.v == nullptr)) {
     return absl::InvalidArgumentError("K/V data pointer is null");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::CheckSlots(int32_t layer, absl::Span<const int64_t> slots,
+                                   const KVInput& kv) const {
+  const Geometry& g = options_.geometry;
+  KVTIER_RETURN_IF_ERROR(CheckLayer(layer));
+  KVTIER_RETURN_IF_ERROR(CheckInput(kv, static_cast<int64_t>(slots.size())));
   const PagePool& hot = pools_[0];
   for (int64_t slot : slots) {
     const int64_t page = slot / g.block_tokens;
@@ -338,7 +354,7 @@ absl::Status CacheImpl::WriteKV(int32_t layer, absl::Span<const int64_t> slots, 
   MutexLock lock(&mu_);
   KVTIER_RETURN_IF_ERROR(CheckSlots(layer, slots, kv));
   if (slots.empty()) return absl::OkStatus();
-  return backend_->WriteRows(View(0, layer), slots, kv);
+  return backend_->WriteRows(View(0, layer), slots, kv, &nonfinite_values_);
 }
 
 absl::Status CacheImpl::ReadKV(SequenceId id, int32_t layer, absl::Span<float> k,
@@ -347,9 +363,7 @@ absl::Status CacheImpl::ReadKV(SequenceId id, int32_t layer, absl::Span<float> k
   const Sequence* seq = sequences_.Find(id);
   if (seq == nullptr) return UnknownSequence(id);
   const Geometry& g = options_.geometry;
-  if (layer < 0 || layer >= g.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " is outside [0, ", g.num_layers, ")"));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckLayer(layer));
   const size_t row = static_cast<size_t>(g.num_kv_heads) * g.head_dim;
   const size_t want = static_cast<size_t>(seq->num_tokens) * row;
   if (k.size() != want || v.size() != want) {
@@ -423,6 +437,105 @@ absl::Status CacheImpl::BuildPageTables(absl::Span<const SequenceId> batch,
   return absl::OkStatus();
 }
 
+absl::Status CacheImpl::Demote(absl::Span<const BlockId> ids, int32_t format) {
+  if (format < 0 || format >= num_formats()) {
+    return absl::InvalidArgumentError(absl::StrCat("format ", format, " is outside the palette"));
+  }
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!blocks_.IsLive(ids[i])) {
+      return absl::NotFoundError(absl::StrCat("block ", ids[i].index, "/", ids[i].generation,
+                                              " is unknown or stale"));
+    }
+    const BlockMeta& b = blocks_[ids[i].index];
+    if (b.format >= format) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block ", ids[i].index, " is in palette format ", int{b.format},
+          "; demotion moves blocks to a colder (higher) format, not ", format));
+    }
+    if (b.num_tokens != options_.geometry.block_tokens) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("block ", ids[i].index, " is partial; a sequence's tail stays hot"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (ids[j] == ids[i]) {
+        return absl::InvalidArgumentError(absl::StrCat("block ", ids[i].index, " is listed twice"));
+      }
+    }
+  }
+  if (ids.empty()) return absl::OkStatus();
+  KVTIER_RETURN_IF_ERROR(EnsureFreePages(format, static_cast<uint32_t>(ids.size())));
+  const int layers = options_.geometry.num_layers;
+  std::vector<PoolView> from, to;
+  std::vector<uint32_t> src, dst;
+  // One backend call per source format, so that each call reads one pool per layer.
+  for (int f = 0; f < format; ++f) {
+    src.clear();
+    dst.clear();
+    for (BlockId id : ids) {
+      if (blocks_[id.index].format != f) continue;
+      src.push_back(blocks_[id.index].page);
+      dst.push_back(pools_[format].Allocate(id.index));
+    }
+    if (src.empty()) continue;
+    from.clear();
+    to.clear();
+    for (int l = 0; l < layers; ++l) {
+      from.push_back(View(f, l));
+      to.push_back(View(format, l));
+    }
+    const absl::Status s = backend_->Requantize(from, to, src, dst);
+    if (!s.ok()) {  // blocks of earlier source formats are already demoted; these are not
+      for (uint32_t page : dst) pools_[format].Free(page);
+      return s;
+    }
+    MigrationStats& m = migrations_[f * num_formats() + format];
+    m.blocks += static_cast<int64_t>(src.size());
+    m.bytes += static_cast<int64_t>(src.size()) * layers *
+               (layouts_[f].page_bytes + layouts_[format].page_bytes);
+    size_t next = 0;
+    for (BlockId id : ids) {
+      BlockMeta& b = blocks_[id.index];
+      if (b.format != f) continue;
+      pools_[f].SetOwner(b.page, PagePool::kPending);
+      reclaim_.Push(b.format, b.page);
+      b.format = static_cast<uint8_t>(format);
+      b.page = dst[next++];
+    }
+  }
+  RetireSynchronous();
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::CalibrateTensorScales(int32_t layer, const KVInput& kv) {
+  KVTIER_RETURN_IF_ERROR(CheckLayer(layer));
+  KVTIER_RETURN_IF_ERROR(CheckInput(kv, kv.num_tokens));
+  MutexLock lock(&mu_);
+  for (int f = 0; f < num_formats(); ++f) {
+    const FormatSpec& spec = options_.palette[f];
+    const bool per_tensor = spec.k.scope == ScaleScope::kTensor || spec.v.scope == ScaleScope::kTensor;
+    if (per_tensor && pools_[f].used_pages() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          FormatName(spec), " already holds blocks encoded with the current per-tensor scale"));
+    }
+  }
+  const int64_t n = kv.num_tokens * kv.num_heads * kv.head_dim;
+  float k_amax = 0, v_amax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t kb = static_cast<const uint16_t*>(kv.k)[i];
+    const uint16_t vb = static_cast<const uint16_t*>(kv.v)[i];
+    const bool half = kv.dtype == DType::kFloat16;
+    k_amax = std::max(k_amax, FiniteAbs(half ? codec::HalfToFloat(kb) : codec::Bf16ToFloat(kb)));
+    v_amax = std::max(v_amax, FiniteAbs(half ? codec::HalfToFloat(vb) : codec::Bf16ToFloat(vb)));
+  }
+  for (int f = 0; f < num_formats(); ++f) {
+    const size_t i = static_cast<size_t>(f) * options_.geometry.num_layers + layer;
+    k_scales_[i] = TensorScale(options_.palette[f].k.type, k_amax);
+    v_scales_[i] = TensorScale(options_.palette[f].v.type, v_amax);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CacheImpl::EndStep() {
   MutexLock lock(&mu_);
   steps_ += 1;
@@ -459,6 +572,10 @@ CacheStats CacheImpl::GetStats() const {
   s.allocation_failures = allocation_failures_;
   s.copy_on_write_blocks = copy_on_write_blocks_;
   s.slab_moves = slab_moves_;
+  s.nonfinite_values = nonfinite_values_;
+  for (const MigrationStats& m : migrations_) {
+    if (m.blocks > 0) s.migrations.push_back(m);
+  }
   s.formats.resize(num_formats());
   for (int f = 0; f < num_formats(); ++f) {
     FormatStats& fs = s.formats[f];

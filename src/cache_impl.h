@@ -42,6 +42,8 @@ class CacheImpl final : public Cache {
   absl::StatusOr<PoolInfo> GetPool(int32_t format, int32_t layer) const override;
   absl::Status BuildPageTables(absl::Span<const SequenceId> batch,
                                PageTables* tables) const override;
+  absl::Status Demote(absl::Span<const BlockId> blocks, int32_t format) override;
+  absl::Status CalibrateTensorScales(int32_t layer, const KVInput& kv) override;
   absl::Status EndStep() override;
   CacheStats GetStats() const override;
   absl::Status CheckConsistency() const override;
@@ -68,6 +70,8 @@ class CacheImpl final : public Cache {
   // Replaces the shared partial tail of `seq` with a private copy.
   // REQUIRES: a free page of the hot format.
   absl::Status CopyTail(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckLayer(int32_t layer) const;
+  absl::Status CheckInput(const KVInput& kv, int64_t num_tokens) const;
   absl::Status CheckSlots(int32_t layer, absl::Span<const int64_t> slots, const KVInput& kv) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -91,6 +95,8 @@ class CacheImpl final : public Cache {
   int64_t allocation_failures_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t copy_on_write_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t slab_moves_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t nonfinite_values_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<MigrationStats> migrations_ ABSL_GUARDED_BY(mu_);  // [from * formats + to]
 };
 
 }  // namespace kvtier

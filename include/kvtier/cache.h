@@ -140,6 +140,19 @@ class KVTIER_EXPORT Cache {
   // The pool of palette format `format` in `layer`. InvalidArgument when out of range.
   virtual absl::StatusOr<PoolInfo> GetPool(int32_t format, int32_t layer) const = 0;
 
+  // Requantises full blocks into palette format `format`, which must be colder than each
+  // block's current format (blocks only move down the palette). Scales come from each block's
+  // own data. The old pages are reclaimed after the step's fence. All or nothing:
+  // NotFound (stale id), InvalidArgument (format out of range or not colder, a block listed
+  // twice), FailedPrecondition (a partial block: the tail stays hot), ResourceExhausted.
+  virtual absl::Status Demote(absl::Span<const BlockId> blocks, int32_t format) = 0;
+
+  // Sets `layer`'s per-tensor scales (codecs with ScaleScope::kTensor) from the absolute maxima
+  // of the finite values in `kv` (FP16/BF16, [num_tokens, heads, head_dim]). FailedPrecondition
+  // when a block already holds data in a format with a per-tensor codec, whose pages were
+  // encoded with the old scale.
+  virtual absl::Status CalibrateTensorScales(int32_t layer, const KVInput& kv) = 0;
+
   // ---- Step ----
 
   // Page tables for `batch`, in its order, into `tables` (whose vectors are reused).

@@ -21,6 +21,14 @@ struct FormatStats {
   double bits_per_element = 0;   // payload plus scale bits per stored K/V element
 };
 
+// Demotions from one palette format to another, since creation.
+struct MigrationStats {
+  int32_t from = 0;
+  int32_t to = 0;
+  int64_t blocks = 0;
+  int64_t bytes = 0;  // bytes read plus written, all layers
+};
+
 struct CacheStats {
   int64_t budget_bytes = 0;
   int64_t slab_bytes = 0;             // per layer
@@ -39,6 +47,8 @@ struct CacheStats {
   int64_t allocation_failures = 0;    // calls answered ResourceExhausted
   int64_t copy_on_write_blocks = 0;   // shared tail blocks copied before a write
   int64_t slab_moves = 0;             // slabs mapped into a pool
+  int64_t nonfinite_values = 0;       // NaN/Inf values seen by WriteKV
+  std::vector<MigrationStats> migrations;  // pairs with at least one block
 };
 
 }  // namespace kvtier

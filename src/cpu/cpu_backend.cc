@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -48,7 +49,7 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status WriteRows(const PoolView& pool, absl::Span<const int64_t> slots,
-                         const KVInput& kv) override {
+                         const KVInput& kv, int64_t* nonfinite) override {
     const PageLayout& l = pool.layout;
     row_.resize(l.head_dim);
     for (size_t i = 0; i < slots.size(); ++i) {
@@ -58,7 +59,10 @@ class CpuBackend final : public Backend {
         const int64_t first = (static_cast<int64_t>(i) * l.heads + h) * l.head_dim;
         for (int side = 0; side < 2; ++side) {
           const void* src = side == 0 ? kv.k : kv.v;
-          for (int d = 0; d < l.head_dim; ++d) row_[d] = InputToFloat(kv.dtype, src, first + d);
+          for (int d = 0; d < l.head_dim; ++d) {
+            row_[d] = InputToFloat(kv.dtype, src, first + d);
+            *nonfinite += std::isfinite(row_[d]) ? 0 : 1;
+          }
           EncodeRow(l, side == 0 ? l.k : l.v, page, h, token, row_.data(),
                     side == 0 ? pool.k_tensor_scale : pool.v_tensor_scale);
         }
@@ -81,6 +85,32 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status Requantize(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
+                          absl::Span<const uint32_t> src_pages,
+                          absl::Span<const uint32_t> dst_pages) override {
+    for (size_t layer = 0; layer < from.size(); ++layer) {
+      const PageLayout& src = from[layer].layout;
+      const PageLayout& dst = to[layer].layout;
+      const size_t row = static_cast<size_t>(src.head_dim);
+      block_.resize(static_cast<size_t>(src.tokens) * row);
+      for (size_t i = 0; i < src_pages.size(); ++i) {
+        const uint8_t* in = from[layer].base + static_cast<size_t>(src_pages[i]) * src.page_bytes;
+        uint8_t* out = to[layer].base + static_cast<size_t>(dst_pages[i]) * dst.page_bytes;
+        for (int h = 0; h < src.heads; ++h) {
+          for (int side = 0; side < 2; ++side) {
+            const CodecLayout& sc = side == 0 ? src.k : src.v;
+            const CodecLayout& dc = side == 0 ? dst.k : dst.v;
+            const float in_scale = side == 0 ? from[layer].k_tensor_scale : from[layer].v_tensor_scale;
+            const float out_scale = side == 0 ? to[layer].k_tensor_scale : to[layer].v_tensor_scale;
+            for (int t = 0; t < src.tokens; ++t) DecodeRow(src, sc, in, h, t, &block_[t * row], in_scale);
+            EncodeBlockHead(dst, dc, out, h, block_.data(), static_cast<int>(row), out_scale);
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) override {
     const size_t bytes = pool.layout.page_bytes;
     std::memcpy(pool.base + dst * bytes, pool.base + src * bytes, bytes);
@@ -92,7 +122,8 @@ class CpuBackend final : public Backend {
   bool FencePassed(uint64_t) override { return true; }
 
  private:
-  std::vector<float> row_;  // scratch for one input row
+  std::vector<float> row_;    // scratch for one input row
+  std::vector<float> block_;  // scratch for one (block, head) of decoded values
   uint64_t fences_ = 0;
 };
 

@@ -1,0 +1,127 @@
+#include "src/prefix_index.h"
+
+#include <xxhash.h>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/prefix_hash.h"
+
+namespace kvtier {
+namespace {
+
+std::vector<int32_t> Tokens(int n, int32_t first) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+// The documented byte string, built byte by byte.
+std::vector<unsigned char> Bytes(std::vector<uint64_t> header, const std::vector<int32_t>& t) {
+  std::vector<unsigned char> out;
+  for (const uint64_t w : header) {
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<unsigned char>(w >> (8 * i)));
+  }
+  for (const int32_t x : t) {
+    for (int i = 0; i < 4; ++i) {
+      out.push_back(static_cast<unsigned char>(static_cast<uint32_t>(x) >> (8 * i)));
+    }
+  }
+  return out;
+}
+
+// Identities are published across processes and machines: a change of these values is a
+// change of the wire format, not a refactoring.
+TEST(PrefixHashTest, ValuesAreFrozen) {
+  const std::vector<int32_t> t = Tokens(16, 1000);
+  EXPECT_EQ(HashTokens({}), 0x2d06800538d394c2u);  // XXH3-64 of no bytes, from xxHash itself
+  EXPECT_EQ(HashTokens(t), 0x2b1e84fe7c4fd6fbu);
+  const uint64_t root = HashBlock(kRootParentHash, t, 0);
+  EXPECT_EQ(root, 0x2eb4fdff5c068300u);
+  EXPECT_EQ(HashBlock(root, t, 0), 0xc189da3724f4edecu);
+}
+
+TEST(PrefixHashTest, IsXxh3OfLittleEndianBytes) {
+  const std::vector<int32_t> t = {0, -1, 0x01020304, 7, INT32_MIN, INT32_MAX};
+  const uint64_t parent = 0x0123456789abcdefu;
+  const uint64_t extra = 0xfedcba9876543210u;
+  std::vector<unsigned char> b = Bytes({parent, extra}, t);
+  EXPECT_EQ(HashBlock(parent, t, extra), XXH3_64bits(b.data(), b.size()));
+  b = Bytes({}, t);
+  EXPECT_EQ(HashTokens(t), XXH3_64bits(b.data(), b.size()));
+}
+
+TEST(PrefixHashTest, LongSpansHashTheSameBytes) {
+  for (const int n : {static_cast<int>(kMaxStackTokens) - 1, static_cast<int>(kMaxStackTokens),
+                      static_cast<int>(kMaxStackTokens) + 1, 32768}) {
+    const std::vector<int32_t> t = Tokens(n, -5);
+    std::vector<unsigned char> b = Bytes({9, 3}, t);
+    EXPECT_EQ(HashBlock(9, t, 3), XXH3_64bits(b.data(), b.size())) << n;
+    b = Bytes({}, t);
+    EXPECT_EQ(HashTokens(t), XXH3_64bits(b.data(), b.size())) << n;
+  }
+}
+
+TEST(PrefixHashTest, ChainSeparatesParentsAndExtraKeys) {
+  const std::vector<int32_t> t = Tokens(16, 0);
+  const uint64_t root = HashBlock(kRootParentHash, t, 0);
+  EXPECT_EQ(root, HashBlock(kRootParentHash, Tokens(16, 0), 0));  // deterministic
+  EXPECT_NE(root, HashBlock(1, t, 0));                              // other parent
+  EXPECT_NE(root, HashBlock(kRootParentHash, t, 1));                // other extra key
+  EXPECT_NE(root, HashTokens(t));                                   // chained != bare
+  EXPECT_NE(root, HashBlock(kRootParentHash, Tokens(16, 1), 0));    // other tokens
+  EXPECT_NE(root, HashBlock(kRootParentHash, Tokens(15, 0), 0));    // other length
+  // Parent and extra key are not interchangeable.
+  EXPECT_NE(HashBlock(5, t, 7), HashBlock(7, t, 5));
+  // The same block under two different prefixes has two identities.
+  const uint64_t a = HashBlock(HashBlock(kRootParentHash, Tokens(16, 100), 0), t, 0);
+  const uint64_t b = HashBlock(HashBlock(kRootParentHash, Tokens(16, 200), 0), t, 0);
+  EXPECT_NE(a, b);
+}
+
+TEST(PrefixIndexTest, InsertFindErase) {
+  PrefixIndex index;
+  EXPECT_EQ(index.size(), 0u);
+  EXPECT_EQ(index.Find(42), PrefixIndex::kNone);
+  EXPECT_TRUE(index.Insert(42, 7));
+  EXPECT_TRUE(index.Insert(43, 0));
+  EXPECT_FALSE(index.Insert(42, 9));  // present: unchanged
+  EXPECT_EQ(index.Find(42), 7u);
+  EXPECT_EQ(index.Find(43), 0u);
+  EXPECT_EQ(index.size(), 2u);
+  EXPECT_TRUE(index.Erase(42));
+  EXPECT_FALSE(index.Erase(42));
+  EXPECT_EQ(index.Find(42), PrefixIndex::kNone);
+  EXPECT_EQ(index.size(), 1u);
+  EXPECT_TRUE(index.Insert(42, 9));
+  EXPECT_EQ(index.Find(42), 9u);
+}
+
+TEST(PrefixIndexTest, MatchesAChainedPrompt) {
+  constexpr int kBlocks = 2048;
+  const std::vector<int32_t> prompt = Tokens(kBlocks * 16, 1);
+  PrefixIndex index;
+  index.Reserve(kBlocks);
+  uint64_t h = kRootParentHash;
+  for (int i = 0; i < kBlocks; ++i) {
+    h = HashBlock(h, absl::MakeConstSpan(prompt).subspan(16 * i, 16), 0);
+    ASSERT_TRUE(index.Insert(h, static_cast<uint32_t>(i))) << "collision at " << i;
+  }
+  // A prompt that diverges in block 1000 matches exactly 1000 blocks.
+  std::vector<int32_t> other = prompt;
+  other[1000 * 16 + 3] += 1;
+  h = kRootParentHash;
+  int matched = 0;
+  for (; matched < kBlocks; ++matched) {
+    h = HashBlock(h, absl::MakeConstSpan(other).subspan(16 * matched, 16), 0);
+    const uint32_t block = index.Find(h);
+    if (block == PrefixIndex::kNone) break;
+    EXPECT_EQ(block, static_cast<uint32_t>(matched));
+  }
+  EXPECT_EQ(matched, 1000);
+}
+
+}  // namespace
+}  // namespace kvtier
