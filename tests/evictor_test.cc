@@ -275,7 +275,9 @@ TEST(EvictorTest, MatchesReferenceModel) {
 }
 
 TEST(EvictorTest, NeverAllocatesAfterConstruction) {
+  const int64_t start = g_allocations.load();
   Evictor e(1024);
+  ASSERT_GT(g_allocations.load(), start);  // the counter sees allocations
   std::mt19937 rng(7);
   const int64_t before = g_allocations.load();
   for (int i = 0; i < 20000; ++i) {
