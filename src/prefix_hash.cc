@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/base/config.h"
 
 namespace kvtier {
@@ -32,23 +33,29 @@ void StoreLE32(absl::Span<const int32_t> tokens, unsigned char* out) {
 #endif
 }
 
-// XXH3-64 of le64(header[0]) || ... || le32(tokens[0]) || ...
-uint64_t HashChain(absl::Span<const uint64_t> header, absl::Span<const int32_t> tokens) {
-  const size_t bytes = 8 * header.size() + 4 * tokens.size();
-  unsigned char stack_buffer[kBufferBytes];
-  std::vector<unsigned char> heap_buffer;
-  unsigned char* buffer = stack_buffer;
-  if (bytes > kBufferBytes) {
-    heap_buffer.resize(bytes);
-    buffer = heap_buffer.data();
-  }
-  size_t n = 0;
+// Writes le64(header[0]) || ... || le32(tokens[0]) || ... to `out`.
+void Serialize(absl::Span<const uint64_t> header, absl::Span<const int32_t> tokens,
+               unsigned char* out) {
   for (const uint64_t word : header) {
-    StoreLE64(word, buffer + n);
-    n += 8;
+    StoreLE64(word, out);
+    out += 8;
   }
-  StoreLE32(tokens, buffer + n);
-  return XXH3_64bits(buffer, bytes);
+  StoreLE32(tokens, out);
+}
+
+ABSL_ATTRIBUTE_NOINLINE uint64_t HashLong(absl::Span<const uint64_t> header,
+                                          absl::Span<const int32_t> tokens) {
+  std::vector<unsigned char> buffer(8 * header.size() + 4 * tokens.size());
+  Serialize(header, tokens, buffer.data());
+  return XXH3_64bits(buffer.data(), buffer.size());
+}
+
+// XXH3-64 of the serialized header and tokens.
+uint64_t HashChain(absl::Span<const uint64_t> header, absl::Span<const int32_t> tokens) {
+  if (tokens.size() > kMaxStackTokens) return HashLong(header, tokens);
+  unsigned char buffer[kBufferBytes];
+  Serialize(header, tokens, buffer);
+  return XXH3_64bits(buffer, 8 * header.size() + 4 * tokens.size());
 }
 
 }  // namespace

@@ -24,9 +24,9 @@ namespace kvtier {
 // The parent hash of the first block of a sequence.
 inline constexpr uint64_t kRootParentHash = 0;
 
-// Longest span hashed from a stack buffer (geometry.block_tokens is at most 1024); longer spans
-// are copied to a heap buffer, with the same result.
-inline constexpr size_t kMaxStackTokens = 1024;
+// Longest span serialized into a stack buffer; longer ones (geometry.block_tokens may be up
+// to 1024) go through a heap buffer, with the same result.
+inline constexpr size_t kMaxStackTokens = 256;
 
 // The identity of a block whose prefix has identity `parent_hash` (kRootParentHash for the
 // first block) and whose tokens are `tokens`.
