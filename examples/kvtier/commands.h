@@ -6,6 +6,7 @@
 namespace kvtier::tool {
 
 int RunDemo(int argc, char** argv);
+int RunFormats(int argc, char** argv);
 
 }  // namespace kvtier::tool
 
