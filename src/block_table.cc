@@ -19,6 +19,10 @@ uint32_t BlockTable::Allocate(uint8_t format, uint32_t page) {
   b.num_tokens = 0;
   b.format = format;
   b.page = page;
+  b.parent = kNone;
+  b.children = 0;
+  b.indexed = false;
+  b.priority = 0;
   return index;
 }
 

@@ -15,12 +15,19 @@
 namespace kvtier {
 
 struct BlockMeta {
+  uint64_t hash = 0;           // prefix identity while `indexed`
+  int64_t expires_at = 0;      // step at which a cached block's priority lapses
   uint32_t generation = 1;     // of the current (or next) occupant
   uint32_t page = 0;           // page index in the pools of `format`
   uint32_t ref_count = 0;      // sequences holding the block
   uint32_t next_free = 0;      // free-list link while kFree
+  uint32_t parent = 0xFFFFFFFFu;  // indexed block this one's hash chains from, or none
+  uint32_t children = 0;       // indexed blocks whose parent this is
   uint16_t num_tokens = 0;     // tokens filled, <= block_tokens
   uint8_t format = 0;          // palette index
+  uint8_t coldest_format = 0;  // strictest sharer's minimum precision (palette index)
+  uint8_t priority = 0;        // eviction level once cached
+  bool indexed = false;        // in the prefix index
   BlockState state = BlockState::kFree;
 };
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/codec/half.h"
 #include "kernels/page_codec.h"
+#include "src/prefix_hash.h"
 #include "src/status_macros.h"
 
 namespace kvtier {
@@ -67,7 +68,9 @@ CacheImpl::CacheImpl(const Options& options, std::unique_ptr<Backend> backend)
           densest = std::max(densest, static_cast<uint32_t>(options.slab_bytes / l.page_bytes));
         }
         return num_slabs_ * densest;
-      }()) {
+      }()),
+      evictor_(blocks_.capacity()),
+      cached_by_format_(layouts_.size(), 0) {
   const int layers = options.geometry.num_layers;
   for (int f = 0; f < num_formats() * num_formats(); ++f) {
     migrations_.push_back(MigrationStats{f / num_formats(), f % num_formats(), 0, 0});
@@ -124,22 +127,50 @@ absl::Status CacheImpl::UnmapSlot(int format, uint32_t slot) {
   return status;
 }
 
-absl::Status CacheImpl::EnsureFreePages(int format, uint32_t count) {
-  PagePool& pool = pools_[format];
-  if (pool.free_pages() >= count) return absl::OkStatus();
-  const uint32_t per_slab = pool.MinPagesPerSlot();
-  const uint32_t slabs_needed = (count - pool.free_pages() + per_slab - 1) / per_slab;
+uint32_t CacheImpl::AvailableSlabs(int format) const {
   uint32_t available = free_slabs_;
   for (int g = 0; g < num_formats(); ++g) {
     if (g != format) available += pools_[g].empty_slots();
   }
-  if (slabs_needed > available) {
-    allocation_failures_ += 1;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "need ", count, " pages of ", FormatName(options_.palette[format]), " (", slabs_needed,
-        " more slabs) but only ", available, " slabs are free or empty"));
+  return available;
+}
+
+absl::Status CacheImpl::EnsureFreePages(int format, uint32_t count) {
+  PagePool& pool = pools_[format];
+  const uint32_t per_slab = pool.MinPagesPerSlot();
+  auto slabs_needed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pool.free_pages() >= count ? 0u : (count - pool.free_pages() + per_slab - 1) / per_slab;
+  };
+  if (slabs_needed() > AvailableSlabs(format)) {
+    // Fail before evicting anything when even evicting every cached block could not make room.
+    uint64_t bound = uint64_t{pool.free_pages()} + cached_by_format_[format];
+    uint64_t slabs = free_slabs_;
+    for (int g = 0; g < num_formats(); ++g) {
+      if (g != format) slabs += cached_by_format_[g] > 0 ? pools_[g].mapped_slots() : pools_[g].empty_slots();
+    }
+    bound += slabs * per_slab;
+    int64_t evicted = 0;
+    while (bound >= count && slabs_needed() > AvailableSlabs(format) && EvictOne()) {
+      evicted += 1;
+      if (backend_->synchronous()) {
+        RetireSynchronous();
+      } else {  // wait for the device so that the evicted pages may be reused at once
+        KVTIER_ASSIGN_OR_RETURN(const uint64_t fence, backend_->RecordFence());
+        while (!backend_->FencePassed(fence)) {
+        }
+        ReclaimQueue::Entry e;
+        while (reclaim_.PopAny(&e)) pools_[e.format].Free(e.page);
+      }
+    }
+    if (slabs_needed() > AvailableSlabs(format)) {
+      allocation_failures_ += 1;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "need ", count, " pages of ", FormatName(options_.palette[format]), " but only ",
+          pool.free_pages(), " are free and ", AvailableSlabs(format), " slabs available after evicting ",
+          evicted, " cached blocks"));
+    }
   }
-  for (uint32_t i = 0; i < slabs_needed; ++i) {
+  for (uint32_t i = slabs_needed(); i > 0; --i) {
     for (int g = 0; free_slabs_ == 0 && g < num_formats(); ++g) {
       if (g != format && pools_[g].EmptySlot() != PagePool::kNone) {
         KVTIER_RETURN_IF_ERROR(UnmapSlot(g, pools_[g].EmptySlot()));
@@ -150,6 +181,32 @@ absl::Status CacheImpl::EnsureFreePages(int format, uint32_t count) {
   return absl::OkStatus();
 }
 
+bool CacheImpl::EvictOne() {
+  const uint32_t b = evictor_.PopVictim(steps_);
+  if (b == Evictor::kNone) return false;
+  BlockMeta& m = blocks_[b];
+  index_.Erase(m.hash);
+  if (m.parent != BlockTable::kNone) {
+    BlockMeta& parent = blocks_[m.parent];
+    parent.children -= 1;
+    if (parent.children == 0 && parent.state == BlockState::kCached) {
+      // The rest of a cold chain goes next.
+      evictor_.AddColdest(m.parent, parent.priority, parent.expires_at);
+    }
+  }
+  cached_by_format_[m.format] -= 1;
+  evicted_blocks_ += 1;
+  FreeBlock(b);
+  return true;
+}
+
+void CacheImpl::FreeBlock(uint32_t block) {
+  BlockMeta& m = blocks_[block];
+  pools_[m.format].SetOwner(m.page, PagePool::kPending);
+  reclaim_.Push(m.format, m.page);
+  blocks_.Free(block);
+}
+
 uint32_t CacheImpl::NewBlock(int format) {
   PagePool& pool = pools_[format];
   const uint32_t block = blocks_.Allocate(static_cast<uint8_t>(format), 0);
@@ -157,12 +214,48 @@ uint32_t CacheImpl::NewBlock(int format) {
   return block;
 }
 
-void CacheImpl::DropRef(uint32_t block) {
-  BlockMeta& b = blocks_[block];
-  if (--b.ref_count > 0) return;
-  pools_[b.format].SetOwner(b.page, PagePool::kPending);
-  reclaim_.Push(b.format, b.page);
-  blocks_.Free(block);
+void CacheImpl::DropRef(uint32_t block, const Sequence& seq) {
+  BlockMeta& m = blocks_[block];
+  if (--m.ref_count > 0) return;
+  if (!m.indexed) {
+    FreeBlock(block);
+    return;
+  }
+  m.state = BlockState::kCached;
+  m.priority = static_cast<uint8_t>(seq.priority);
+  m.expires_at = seq.priority_ttl_steps < 0 ? Evictor::kNever : steps_ + seq.priority_ttl_steps;
+  cached_by_format_[m.format] += 1;
+  if (m.children == 0) evictor_.Add(block, m.priority, steps_, m.expires_at);
+}
+
+void CacheImpl::Attach(Sequence& seq, uint32_t block) {
+  BlockMeta& m = blocks_[block];
+  if (m.state == BlockState::kCached) {
+    if (evictor_.Contains(block)) evictor_.Remove(block);
+    m.state = BlockState::kInUse;
+    cached_by_format_[m.format] -= 1;
+  }
+  m.ref_count += 1;
+  m.coldest_format = std::min<uint8_t>(m.coldest_format, static_cast<uint8_t>(seq.coldest_format));
+  seq.blocks.push_back(block);
+}
+
+void CacheImpl::IndexFullTail(Sequence& seq) {
+  const uint32_t tail = seq.blocks.back();
+  const uint64_t hash = HashBlock(seq.chain_hash, seq.tail_tokens, seq.extra_key);
+  const uint32_t parent =
+      seq.chain_hash == kRootParentHash ? PrefixIndex::kNone : index_.Find(seq.chain_hash);
+  seq.chain_hash = hash;
+  seq.tail_tokens.clear();
+  if (!index_.Insert(hash, tail)) return;  // equal content is already indexed: stay private
+  BlockMeta& m = blocks_[tail];
+  m.indexed = true;
+  m.hash = hash;
+  m.parent = parent;
+  if (parent != PrefixIndex::kNone) {
+    BlockMeta& p = blocks_[parent];
+    if (p.children++ == 0 && evictor_.Contains(parent)) evictor_.Remove(parent);
+  }
 }
 
 void CacheImpl::RetireSynchronous() {
@@ -171,25 +264,63 @@ void CacheImpl::RetireSynchronous() {
   while (reclaim_.PopAny(&e)) pools_[e.format].Free(e.page);
 }
 
-absl::StatusOr<SequenceId> CacheImpl::AddSequence() {
+absl::StatusOr<AddResult> CacheImpl::AddSequence(const SequenceOptions& options) {
+  if (options.coldest_format < -1 || options.coldest_format >= num_formats()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("coldest_format ", options.coldest_format, " is outside the palette"));
+  }
+  if (options.priority < 0 || options.priority >= Evictor::kLevels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("priority ", options.priority, " is outside [0, ", Evictor::kLevels, ")"));
+  }
+  if (options.priority_ttl_steps < -1) {
+    return absl::InvalidArgumentError("priority_ttl_steps must be -1 (forever) or >= 0");
+  }
+  const int64_t s = options_.geometry.block_tokens;
   MutexLock lock(&mu_);
-  return sequences_.Add();
-}
-
-absl::Status CacheImpl::Append(SequenceId id, int64_t num_tokens, std::vector<int64_t>* slots) {
-  return AppendBatch(absl::MakeConstSpan(&id, 1), absl::MakeConstSpan(&num_tokens, 1), slots);
+  const SequenceId id = sequences_.Add();
+  Sequence& seq = *sequences_.Find(id);
+  seq.extra_key = options.extra_key;
+  seq.coldest_format = options.coldest_format < 0 ? num_formats() - 1 : options.coldest_format;
+  seq.priority = options.priority;
+  seq.priority_ttl_steps = options.priority_ttl_steps;
+  const int64_t n = static_cast<int64_t>(options.prompt.size());
+  const int64_t matchable = n > 0 ? (n - 1) / s : 0;  // leave one token to compute
+  int64_t matched = 0;
+  for (; matched < matchable; ++matched) {
+    const uint64_t hash =
+        HashBlock(seq.chain_hash, options.prompt.subspan(matched * s, s), seq.extra_key);
+    const uint32_t block = index_.Find(hash);
+    if (block == PrefixIndex::kNone || blocks_[block].format > seq.coldest_format) break;
+    Attach(seq, block);
+    seq.chain_hash = hash;
+  }
+  seq.num_tokens = matched * s;
+  tokens_ += seq.num_tokens;
+  prefix_queried_tokens_ += n;
+  prefix_hit_tokens_ += matched * s;
+  prefix_hit_blocks_ += matched;
+  prefix_missed_blocks_ += n / s - matched;
+  return AddResult{id, matched * s};
 }
 
 absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
                                     absl::Span<const int64_t> num_tokens,
+                                    absl::Span<const int32_t> tokens,
                                     std::vector<int64_t>* slots) {
   if (batch.size() != num_tokens.size()) {
     return absl::InvalidArgumentError(absl::StrCat("batch has ", batch.size(), " sequences but ",
                                                    num_tokens.size(), " token counts"));
   }
   if (slots == nullptr) return absl::InvalidArgumentError("slots is null");
+  int64_t total = 0;
   for (int64_t n : num_tokens) {
     if (n < 1) return absl::InvalidArgumentError(absl::StrCat("num_tokens ", n, " is not positive"));
+    total += n;
+  }
+  if (!tokens.empty() && static_cast<int64_t>(tokens.size()) != total) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens holds ", tokens.size(), " ids for ",
+                                                   total, " new tokens"));
   }
   const int64_t s = options_.geometry.block_tokens;
   MutexLock lock(&mu_);
@@ -206,16 +337,25 @@ absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
   }
   // Block metadata never runs out before pages do (see the BlockTable's capacity).
   if (pages > 0) KVTIER_RETURN_IF_ERROR(EnsureFreePages(0, static_cast<uint32_t>(pages)));
+  size_t next_token = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence* seq = sequences_.Find(batch[i]);
     if (TailRoom(*seq) > 0 && blocks_[seq->blocks.back()].ref_count > 1) {
       KVTIER_RETURN_IF_ERROR(CopyTail(*seq));
     }
+    seq->hashing = seq->hashing && !tokens.empty();
     for (int64_t t = 0; t < num_tokens[i]; ++t) {
-      if (TailRoom(*seq) == 0) seq->blocks.push_back(NewBlock(0));
+      if (TailRoom(*seq) == 0) {
+        seq->blocks.push_back(NewBlock(0));
+        blocks_[seq->blocks.back()].coldest_format = static_cast<uint8_t>(seq->coldest_format);
+      }
       BlockMeta& tail = blocks_[seq->blocks.back()];
       slots->push_back(static_cast<int64_t>(tail.page) * s + tail.num_tokens);
       tail.num_tokens += 1;
+      if (seq->hashing) {
+        seq->tail_tokens.push_back(tokens[next_token++]);
+        if (tail.num_tokens == s) IndexFullTail(*seq);
+      }
     }
     seq->num_tokens += num_tokens[i];
     tokens_ += num_tokens[i];
@@ -234,13 +374,14 @@ absl::Status CacheImpl::CopyTail(Sequence& seq) {
   for (int l = 0; l < options_.geometry.num_layers; ++l) {
     const absl::Status s = backend_->CopyPage(View(0, l), blocks_[shared].page, blocks_[copy].page);
     if (!s.ok()) {
-      DropRef(copy);
+      DropRef(copy, seq);
       RetireSynchronous();
       return s;
     }
   }
   blocks_[copy].num_tokens = blocks_[shared].num_tokens;
-  DropRef(shared);
+  blocks_[copy].coldest_format = blocks_[shared].coldest_format;
+  DropRef(shared, seq);
   seq.blocks.back() = copy;
   copy_on_write_blocks_ += 1;
   return absl::OkStatus();
@@ -250,14 +391,13 @@ absl::StatusOr<SequenceId> CacheImpl::Fork(SequenceId parent) {
   MutexLock lock(&mu_);
   const Sequence* p = sequences_.Find(parent);
   if (p == nullptr) return UnknownSequence(parent);
-  const std::vector<uint32_t> blocks = p->blocks;  // Add may move the parent's slot
-  const int64_t num_tokens = p->num_tokens;
+  const Sequence copy = *p;  // Add may move the parent's slot
   const SequenceId child = sequences_.Add();
   Sequence* c = sequences_.Find(child);
-  c->blocks = blocks;
-  c->num_tokens = num_tokens;
-  for (uint32_t b : blocks) blocks_[b].ref_count += 1;
-  tokens_ += num_tokens;
+  *c = copy;
+  c->generation = child.generation;
+  for (uint32_t b : c->blocks) blocks_[b].ref_count += 1;
+  tokens_ += c->num_tokens;
   return child;
 }
 
@@ -265,7 +405,7 @@ absl::Status CacheImpl::Release(SequenceId id) {
   MutexLock lock(&mu_);
   Sequence* seq = sequences_.Find(id);
   if (seq == nullptr) return UnknownSequence(id);
-  for (uint32_t b : seq->blocks) DropRef(b);
+  for (uint32_t b : seq->blocks) DropRef(b, *seq);
   tokens_ -= seq->num_tokens;
   sequences_.Remove(id);
   RetireSynchronous();
@@ -457,6 +597,11 @@ absl::Status CacheImpl::Demote(absl::Span<const BlockId> ids, int32_t format) {
       return absl::FailedPreconditionError(
           absl::StrCat("block ", ids[i].index, " is partial; a sequence's tail stays hot"));
     }
+    if (format > b.coldest_format) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "block ", ids[i].index, " is held by a request whose minimum precision is palette format ",
+          int{b.coldest_format}));
+    }
     for (size_t j = 0; j < i; ++j) {
       if (ids[j] == ids[i]) {
         return absl::InvalidArgumentError(absl::StrCat("block ", ids[i].index, " is listed twice"));
@@ -499,6 +644,10 @@ absl::Status CacheImpl::Demote(absl::Span<const BlockId> ids, int32_t format) {
       if (b.format != f) continue;
       pools_[f].SetOwner(b.page, PagePool::kPending);
       reclaim_.Push(b.format, b.page);
+      if (b.state == BlockState::kCached) {
+        cached_by_format_[f] -= 1;
+        cached_by_format_[format] += 1;
+      }
       b.format = static_cast<uint8_t>(format);
       b.page = dst[next++];
     }
@@ -573,6 +722,13 @@ CacheStats CacheImpl::GetStats() const {
   s.copy_on_write_blocks = copy_on_write_blocks_;
   s.slab_moves = slab_moves_;
   s.nonfinite_values = nonfinite_values_;
+  s.prefix_queried_tokens = prefix_queried_tokens_;
+  s.prefix_hit_tokens = prefix_hit_tokens_;
+  s.prefix_hit_blocks = prefix_hit_blocks_;
+  s.prefix_missed_blocks = prefix_missed_blocks_;
+  s.evicted_blocks = evicted_blocks_;
+  s.evictable_blocks = evictor_.size();
+  s.indexed_blocks = static_cast<int64_t>(index_.size());
   for (const MigrationStats& m : migrations_) {
     if (m.blocks > 0) s.migrations.push_back(m);
   }

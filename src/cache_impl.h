@@ -12,7 +12,9 @@
 #include "kvtier/cache.h"
 #include "src/backend.h"
 #include "src/block_table.h"
+#include "src/evictor.h"
 #include "src/page_pool.h"
+#include "src/prefix_index.h"
 #include "src/reclaim_queue.h"
 #include "src/sequence_table.h"
 
@@ -26,10 +28,9 @@ class CacheImpl final : public Cache {
   ~CacheImpl() override;
 
   const Options& options() const override { return options_; }
-  absl::StatusOr<SequenceId> AddSequence() override;
-  absl::Status Append(SequenceId seq, int64_t num_tokens, std::vector<int64_t>* slots) override;
+  absl::StatusOr<AddResult> AddSequence(const SequenceOptions& options) override;
   absl::Status AppendBatch(absl::Span<const SequenceId> batch, absl::Span<const int64_t> num_tokens,
-                           std::vector<int64_t>* slots) override;
+                           absl::Span<const int32_t> tokens, std::vector<int64_t>* slots) override;
   absl::StatusOr<SequenceId> Fork(SequenceId parent) override;
   absl::Status Release(SequenceId seq) override;
   absl::StatusOr<int64_t> SequenceLength(SequenceId seq) const override;
@@ -55,15 +56,28 @@ class CacheImpl final : public Cache {
   PoolView View(int format, int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint8_t* SlotAddress(int format, int layer, uint32_t slot) const;
 
-  // Makes `count` pages of `format` allocatable, mapping slabs from the budget or taking empty
-  // slabs from other formats' pools. ResourceExhausted, with nothing changed, when it cannot.
+  // Makes `count` pages of `format` allocatable, mapping slabs from the budget, taking empty
+  // slabs from other formats' pools, and evicting cached prefixes (leaf-first) when neither
+  // suffices. ResourceExhausted when it cannot, with nothing changed if even evicting every
+  // cached block could not have made room.
   absl::Status EnsureFreePages(int format, uint32_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Slabs obtainable now for a pool other than `format`'s: free, or empty in another pool.
+  uint32_t AvailableSlabs(int format) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts one cached block; false when none is evictable.
+  bool EvictOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a block's page for reclamation and frees its metadata.
+  void FreeBlock(uint32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Indexes the block that `seq`'s tail tokens just filled, when `seq` is hashing.
+  void IndexFullTail(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a reference to a block found in the prefix index for `seq`.
+  void Attach(Sequence& seq, uint32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MapSlot(int format) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapSlot(int format, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new in-use block with a page of `format`. REQUIRES: EnsureFreePages(format, 1) passed.
   uint32_t NewBlock(int format) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops one reference; the last one frees the block and queues its page for reclamation.
-  void DropRef(uint32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops one reference held by `seq`. At the last one an indexed block becomes cached (and
+  // evictable when it is a leaf); any other block is freed.
+  void DropRef(uint32_t block, const Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireSynchronous() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tokens the last block of `seq` can still take (0 when it is full or there is none).
   int64_t TailRoom(const Sequence& seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -89,6 +103,14 @@ class CacheImpl final : public Cache {
   uint32_t free_slabs_ ABSL_GUARDED_BY(mu_);
   BlockTable blocks_ ABSL_GUARDED_BY(mu_);
   SequenceTable sequences_ ABSL_GUARDED_BY(mu_);
+  PrefixIndex index_ ABSL_GUARDED_BY(mu_);
+  Evictor evictor_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> cached_by_format_ ABSL_GUARDED_BY(mu_);  // [format]
+  int64_t prefix_queried_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t prefix_hit_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t prefix_hit_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t prefix_missed_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t evicted_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   ReclaimQueue reclaim_ ABSL_GUARDED_BY(mu_);
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;

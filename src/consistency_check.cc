@@ -48,8 +48,9 @@ absl::Status CacheImpl::CheckConsistency() const {
   if (tokens != tokens_) return Violation(absl::StrCat("token count ", tokens_, " != ", tokens));
 
   // Every block in exactly one state; live blocks own exactly their page.
-  uint32_t free_blocks = 0;
-  std::vector<uint32_t> owned(num_formats(), 0);
+  uint32_t free_blocks = 0, indexed = 0;
+  std::vector<uint32_t> owned(num_formats(), 0), cached(num_formats(), 0);
+  std::vector<uint32_t> children(blocks_.capacity(), 0);
   for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
     const BlockMeta& m = blocks_[b];
     switch (m.state) {
@@ -64,10 +65,22 @@ absl::Status CacheImpl::CheckConsistency() const {
         }
         break;
       case BlockState::kCached:
-        if (m.ref_count != 0 || refs[b] != 0) {
-          return Violation(absl::StrCat("cached block ", b, " is referenced"));
+        if (m.ref_count != 0 || refs[b] != 0 || !m.indexed) {
+          return Violation(absl::StrCat("cached block ", b, " is referenced or not indexed"));
         }
+        cached[m.format] += 1;
         break;
+    }
+    // Prefix index: an indexed block is found under its hash; its parent counts it.
+    if (m.indexed) {
+      indexed += 1;
+      if (index_.Find(m.hash) != b) return Violation(absl::StrCat("block ", b, " is not in the index"));
+      if (m.parent != BlockTable::kNone) {
+        if (!blocks_[m.parent].indexed) {
+          return Violation(absl::StrCat("block ", b, "'s parent is not indexed"));
+        }
+        children[m.parent] += 1;
+      }
     }
     if (m.format >= num_formats()) return Violation(absl::StrCat("block ", b, " has no format"));
     const PagePool& pool = pools_[m.format];
@@ -79,6 +92,25 @@ absl::Status CacheImpl::CheckConsistency() const {
   }
   if (free_blocks != blocks_.free_count() || blocks_.CountFreeList() != free_blocks) {
     return Violation("the block free list disagrees with block states");
+  }
+  if (indexed != index_.size()) {
+    return Violation(absl::StrCat("index holds ", index_.size(), " blocks, ", indexed, " indexed"));
+  }
+  // Leaf-first: exactly the cached blocks without indexed children are evictable.
+  for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
+    const BlockMeta& m = blocks_[b];
+    if (m.state != BlockState::kFree && m.children != children[b]) {
+      return Violation(absl::StrCat("block ", b, " counts ", m.children, " children, has ", children[b]));
+    }
+    const bool leaf = m.state == BlockState::kCached && m.children == 0;
+    if (evictor_.Contains(b) != leaf) {
+      return Violation(absl::StrCat("block ", b, (leaf ? " is a cached leaf but not evictable"
+                                                       : " is evictable but not a cached leaf")));
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(evictor_.CheckConsistency());
+  for (int f = 0; f < num_formats(); ++f) {
+    if (cached[f] != cached_by_format_[f]) return Violation(absl::StrCat("format ", f, " cached count"));
   }
 
   // Per pool: free + owned + pending = mapped capacity, and slabs add up to the budget.

@@ -79,8 +79,8 @@ absl::Status Evictor::CheckConsistency() const {
         return absl::InternalError(absl::StrCat("evictor level ", level, " links to ", b));
       }
       if (nodes_[b].prev != prev) {
-        return absl::InternalError(absl::StrCat("evictor block ", b, " has prev ",
-                                                nodes_[b].prev, ", expected ", prev));
+        return absl::InternalError(
+            absl::StrCat("evictor block ", b, " has prev ", nodes_[b].prev, ", expected ", prev));
       }
       if (++listed > size_) {
         return absl::InternalError(absl::StrCat("evictor lists more than its size ", size_));
@@ -101,9 +101,9 @@ absl::Status Evictor::CheckConsistency() const {
     if (Contains(b)) marked += 1;
   }
   if (listed != size_ || marked != size_ || expiring != expiring_) {
-    return absl::InternalError(absl::StrCat("evictor size ", size_, " but ", listed,
-                                            " listed and ", marked, " marked; ", expiring_,
-                                            " expiring but ", expiring, " listed"));
+    return absl::InternalError(absl::StrCat("evictor size ", size_, " but ", listed, " listed and ",
+                                            marked, " marked; ", expiring_, " expiring but ",
+                                            expiring, " listed"));
   }
   return absl::OkStatus();
 }

@@ -8,8 +8,8 @@
 // that became a leaf because its child was just evicted: the rest of a cold chain goes next).
 //
 // Expiry. A block added at level >= 1 with `expires_at` counts as level 0 from the moment
-// now >= expires_at, ahead of every block added to level 0 (it has been idle at least since it
-// was added, which in practice is longer than anything that LRU keeps). Expiry is checked
+// now >= expires_at, ahead of every block added to level 0 (it has been idle for at least its
+// whole TTL, usually longer than the blocks that plain LRU still holds). Expiry is checked
 // lazily at the head (evict-first end) of each level, so PopVictim is O(kLevels) with no
 // timers. The guarantee, precisely: PopVictim(now) returns
 //   1. among the blocks that are at the head of a level >= 1 and have expires_at <= now, the
@@ -88,7 +88,7 @@ class Evictor {
   void LinkAfter(uint32_t at, uint32_t block, int64_t expires_at);
   void Unlink(uint32_t block);
 
-  const uint32_t capacity_;
+  uint32_t capacity_;
   std::vector<EvictorNode> nodes_;  // [capacity + kLevels], sentinels last
   uint32_t size_ = 0;
   uint32_t expiring_ = 0;  // listed blocks with expires_at != kNever (all at levels >= 1)

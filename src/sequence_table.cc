@@ -17,6 +17,9 @@ SequenceId SequenceTable::Add() {
   next_generation_[index] = s.generation + 1 == 0 ? 1 : s.generation + 1;
   s.num_tokens = 0;
   s.blocks.clear();
+  s.tail_tokens.clear();
+  s.hashing = true;
+  s.chain_hash = 0;
   live_ += 1;
   return SequenceId{index, s.generation};
 }
@@ -36,6 +39,7 @@ void SequenceTable::Remove(SequenceId id) {
   s.generation = 0;
   s.num_tokens = 0;
   s.blocks.clear();  // keeps capacity for the slot's next sequence
+  s.tail_tokens.clear();
   free_.push_back(id.index);
   live_ -= 1;
 }

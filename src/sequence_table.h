@@ -16,6 +16,15 @@ struct Sequence {
   uint32_t generation = 0;  // 0 while the slot is free
   int64_t num_tokens = 0;
   std::vector<uint32_t> blocks;  // block indices, in order; the last may be partial
+  // Prefix identity: while `hashing`, the ids of the tail block's tokens are kept so that the
+  // block can be indexed when it fills; `chain_hash` is the hash of the last full block.
+  bool hashing = true;
+  uint64_t chain_hash = 0;
+  std::vector<int32_t> tail_tokens;
+  uint64_t extra_key = 0;
+  int32_t coldest_format = 0;  // per-request minimum precision (palette index)
+  int32_t priority = 0;
+  int64_t priority_ttl_steps = -1;
 };
 
 class SequenceTable {

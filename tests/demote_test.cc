@@ -249,16 +249,16 @@ TEST(AppendBatchTest, AllOrNothing) {
   auto cache = MustCreate(SmallOptions(/*slabs_per_layer=*/1));
   const SequenceId a = *cache->AddSequence(), b = *cache->AddSequence();
   std::vector<int64_t> slots;
-  ASSERT_TRUE(cache->AppendBatch({a, b}, {20, 3}, &slots).ok());
+  ASSERT_TRUE(cache->AppendBatch({a, b}, {20, 3}, {}, &slots).ok());
   EXPECT_EQ(slots.size(), 23u);
   EXPECT_EQ(*cache->SequenceLength(a), 20);
   const CacheStats before = cache->GetStats();
   slots.clear();
-  EXPECT_EQ(cache->AppendBatch({a, b}, {1, 16 * 260}, &slots).code(),
+  EXPECT_EQ(cache->AppendBatch({a, b}, {1, 16 * 260}, {}, &slots).code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(cache->AppendBatch({a, SequenceId{}}, {1, 1}, &slots).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(cache->AppendBatch({a, b}, {1}, &slots).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(cache->AppendBatch({a, b}, {1, 0}, &slots).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache->AppendBatch({a, SequenceId{}}, {1, 1}, {}, &slots).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(cache->AppendBatch({a, b}, {1}, {}, &slots).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache->AppendBatch({a, b}, {1, 0}, {}, &slots).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(slots.empty());
   ExpectSameState(before, cache->GetStats());
   EXPECT_EQ(*cache->SequenceLength(a), 20);

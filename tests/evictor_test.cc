@@ -96,7 +96,7 @@ TEST(EvictorTest, ExpiryDemotesToLevelZero) {
   e.Add(0, 0, /*now=*/0);
   e.Add(1, 5, /*now=*/0, /*expires_at=*/10);
   e.Add(2, 0, /*now=*/1);
-  EXPECT_EQ(e.PopVictim(5), 0u);  // 1 still holds level 5
+  EXPECT_EQ(e.PopVictim(5), 0u);   // 1 still holds level 5
   EXPECT_EQ(e.PopVictim(10), 1u);  // expired: ahead of every level-0 block
   EXPECT_EQ(e.PopVictim(10), 2u);
   // Unexpired, it waits for the lower levels.
@@ -219,8 +219,8 @@ TEST(EvictorTest, MatchesReferenceModel) {
   constexpr int kOps = 100000;
   Evictor e(kCapacity);
   ReferenceEvictor ref;
-  std::vector<uint32_t> listed;                       // blocks in the evictor
-  std::vector<uint32_t> position(kCapacity, kNone);   // index in `listed`
+  std::vector<uint32_t> listed;                      // blocks in the evictor
+  std::vector<uint32_t> position(kCapacity, kNone);  // index in `listed`
   auto mark = [&](uint32_t b) {
     position[b] = static_cast<uint32_t>(listed.size());
     listed.push_back(b);

@@ -75,6 +75,32 @@ struct PoolInfo {
   float v_tensor_scale = 1.f;
 };
 
+// How a new sequence is admitted.
+struct SequenceOptions {
+  // Prompt tokens to match against cached prefixes: the longest run of whole cached blocks is
+  // attached to the new sequence, leaving at least one prompt token for the engine to compute.
+  // The caller then appends the remaining prompt tokens. Default: empty (no matching).
+  absl::Span<const int32_t> prompt;
+  // Makes equal tokens different content (adapter id, multimodal hash, cache salt). Only blocks
+  // with the same extra key match. Default: 0.
+  uint64_t extra_key = 0;
+  // Per-request minimum precision: the coldest palette index this sequence's blocks may take.
+  // A cached block colder than this is a miss, and policies never demote the sequence's blocks
+  // below it. Default: -1, any palette format.
+  int32_t coldest_format = -1;
+  // Eviction priority, 0 to 7, of the blocks this sequence leaves cached when released: blocks
+  // of a lower priority are evicted first. Default: 0 (plain LRU).
+  int32_t priority = 0;
+  // Steps (EndStep calls) after its release for which a block keeps `priority`; then it is
+  // evicted like priority 0, ahead of blocks that are still fresh there. Default: -1 (forever).
+  int64_t priority_ttl_steps = -1;
+};
+
+struct AddResult {
+  SequenceId id;
+  int64_t cached_tokens = 0;  // prompt tokens found in the cache (a multiple of block_tokens)
+};
+
 class KVTIER_EXPORT Cache {
  public:
   // Creates a cache, reserving address space for every (format, layer) pool. Fails with
@@ -91,21 +117,31 @@ class KVTIER_EXPORT Cache {
 
   // ---- Sequences ----
 
-  // A new, empty sequence.
-  virtual absl::StatusOr<SequenceId> AddSequence() = 0;
+  // A new sequence, attached to the longest cached prefix of `options.prompt`. Matched blocks
+  // gain a reference. InvalidArgument for an out-of-range coldest_format or priority.
+  virtual absl::StatusOr<AddResult> AddSequence(const SequenceOptions& options) = 0;
+  // A new, empty sequence with default options.
+  absl::StatusOr<SequenceId> AddSequence();
 
   // Reserves slots for `num_tokens` new tokens at the end of `seq`, allocating hot blocks as
   // needed (a tail block shared after Fork is copied first). Appends to `slots` one entry per
   // token: page * block_tokens + offset in the hot format's pools (vLLM's slot_mapping).
+  // Without token ids the sequence's later blocks cannot be shared as a prefix: prefer
+  // AppendTokens. When the budget is full, unreferenced cached prefixes are evicted first.
   // Errors: NotFound (unknown or stale seq), InvalidArgument (num_tokens < 1),
-  // ResourceExhausted (the budget cannot hold the new blocks).
-  virtual absl::Status Append(SequenceId seq, int64_t num_tokens,
-                              std::vector<int64_t>* slots) = 0;
+  // ResourceExhausted (the budget cannot hold the new blocks even after eviction).
+  absl::Status Append(SequenceId seq, int64_t num_tokens, std::vector<int64_t>* slots);
+  // As Append, with the token ids: each block that fills is indexed by its hash chain, so that
+  // later requests with the same prefix share it.
+  absl::Status AppendTokens(SequenceId seq, absl::Span<const int32_t> tokens,
+                            std::vector<int64_t>* slots);
 
   // Append for a whole batch under one lock, all or nothing: num_tokens[i] tokens to batch[i],
-  // slots appended in batch order. The scheduler's call for a decode step.
+  // slots appended in batch order. `tokens` is empty (no ids) or holds the ids of all new
+  // tokens, batch order. The scheduler's call for a decode step.
   virtual absl::Status AppendBatch(absl::Span<const SequenceId> batch,
                                    absl::Span<const int64_t> num_tokens,
+                                   absl::Span<const int32_t> tokens,
                                    std::vector<int64_t>* slots) = 0;
 
   // A new sequence with the same tokens as `parent`: full blocks are shared, and the partial

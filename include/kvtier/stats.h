@@ -48,6 +48,13 @@ struct CacheStats {
   int64_t copy_on_write_blocks = 0;   // shared tail blocks copied before a write
   int64_t slab_moves = 0;             // slabs mapped into a pool
   int64_t nonfinite_values = 0;       // NaN/Inf values seen by WriteKV
+  int64_t prefix_queried_tokens = 0;  // prompt tokens looked up (vLLM's queries)
+  int64_t prefix_hit_tokens = 0;      // of which found cached
+  int64_t prefix_hit_blocks = 0;      // whole blocks found (TensorRT-LLM's reused blocks)
+  int64_t prefix_missed_blocks = 0;   // whole prompt blocks not found
+  int64_t evicted_blocks = 0;         // cached blocks dropped to make room
+  int64_t evictable_blocks = 0;       // cached blocks that can go now (leaves)
+  int64_t indexed_blocks = 0;         // blocks in the prefix index (in use or cached)
   std::vector<MigrationStats> migrations;  // pairs with at least one block
 };
 

@@ -83,7 +83,7 @@ void BM_AppendStep1024(benchmark::State& state) {
   int step = 0;
   for (auto _ : state) {
     slots.clear();
-    benchmark::DoNotOptimize(cache->AppendBatch(seqs, ones, &slots));
+    benchmark::DoNotOptimize(cache->AppendBatch(seqs, ones, {}, &slots));
     if (++step % kStepsPerRound == 0) {
       state.PauseTiming();
       reset();

@@ -1,0 +1,95 @@
+// Host launchers of the CUDA data plane (append, migration, page decode, codec self-check).
+// Includable from host C++: it declares plain parameter structs and functions that enqueue
+// kernels on a caller's stream and return the launch error. Every buffer is the caller's:
+// the launchers allocate nothing and never synchronize.
+//
+// Bit-identity with the CPU backend: every value is encoded and decoded by the functions of
+// kernels/page_codec.h and kernels/codec/*.h, or by the faster device forms in
+// kernels/fast_codec.cuh that the self-check below proves equal to them on every input they
+// can receive. Compile with --fmad=false.
+#ifndef KVTIER_KERNELS_DATA_PLANE_CUH_
+#define KVTIER_KERNELS_DATA_PLANE_CUH_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/page_layout.h"
+
+namespace kvtier::gpu {
+
+// Where one appended row goes: token `token` of page `page` (the host splits the cache's slot
+// page * block_tokens + token, so that kernels do no 64-bit division).
+struct RowSlot {
+  uint32_t page;
+  uint32_t token;
+};
+
+struct WriteRowsParams {
+  uint8_t* base = nullptr;  // the hot pool of one layer
+  PageLayout layout{};
+  float k_scale = 1.f;  // per-tensor scales (ScaleScope::kTensor codecs)
+  float v_scale = 1.f;
+  const RowSlot* slots = nullptr;  // device [num_rows]
+  int64_t num_rows = 0;
+  const void* k = nullptr;  // device [num_rows, heads, head_dim] of FP16 or BF16
+  const void* v = nullptr;
+  bool bf16 = false;
+  unsigned long long* nonfinite = nullptr;  // device counter, incremented by NaN/Inf inputs
+  int num_sms = 0;  // multiprocessors of the device (0: ask the runtime)
+};
+
+// Encodes rows as page_codec.h's EncodeRow does (the hot format is token-wise).
+cudaError_t LaunchWriteRows(const WriteRowsParams& p, cudaStream_t stream);
+
+// One layer's pools in a Requantize call; layouts are the same in every layer.
+struct LayerPools {
+  const uint8_t* src = nullptr;
+  uint8_t* dst = nullptr;
+  float src_k_scale = 1.f;  // per-tensor scales of the source and destination formats
+  float src_v_scale = 1.f;
+  float dst_k_scale = 1.f;
+  float dst_v_scale = 1.f;
+};
+
+struct RequantizeParams {
+  PageLayout src{};
+  PageLayout dst{};
+  const LayerPools* layers = nullptr;  // device [num_layers]
+  const uint32_t* src_pages = nullptr;  // device [num_blocks]
+  const uint32_t* dst_pages = nullptr;  // device [num_blocks]
+  int32_t num_layers = 0;
+  int32_t num_blocks = 0;
+  // Use the fast conversions of fast_codec.cuh (only where the self-check passed).
+  bool fast = true;
+};
+
+// One launch for all layers and blocks: page src_pages[i] of layers[l].src is decoded and
+// re-encoded into page dst_pages[i] of layers[l].dst exactly as page_codec.h's DecodeRow and
+// EncodeBlockHead do. A warp handles one (layer, block, head, K/V side).
+cudaError_t LaunchRequantize(const RequantizeParams& p, cudaStream_t stream);
+
+// Decodes tokens [0, num_tokens) of one page into k and v, device [num_tokens, heads,
+// head_dim] floats, with page_codec.h's DecodeRow.
+struct ReadPageParams {
+  const uint8_t* page = nullptr;
+  PageLayout layout{};
+  float k_scale = 1.f;
+  float v_scale = 1.f;
+  int32_t num_tokens = 0;
+  float* k = nullptr;
+  float* v = nullptr;
+};
+cudaError_t LaunchReadPage(const ReadPageParams& p, cudaStream_t stream);
+
+// Compares every fast conversion of fast_codec.cuh with the codec it replaces, on every input
+// it may receive (all 2^32 floats, all 2^16 halves). counts (device, kSelfCheckCounters
+// zeroed values) receives the number of mismatches of each conversion; first_mismatch (same
+// size, set to ~0 by the caller) the smallest failing input bits.
+constexpr int kSelfCheckCounters = 3;  // E4M3 encode, E2M1 encode, FP16 decode
+cudaError_t LaunchFastCodecSelfCheck(unsigned long long* counts, unsigned int* first_mismatch,
+                                     cudaStream_t stream);
+
+}  // namespace kvtier::gpu
+
+#endif  // KVTIER_KERNELS_DATA_PLANE_CUH_

@@ -1,0 +1,55 @@
+// Device-only fast forms of three codec conversions, for the hot loops of the migration
+// kernel. Each is equal, bit for bit, to the codec function it replaces on every input it is
+// given; LaunchFastCodecSelfCheck (self_check.cu) proves it on the device for all inputs, and
+// the backend falls back to the codec functions if it ever fails. The codec headers stay the
+// single definition of the storage rules: these are faster evaluations of the same rules.
+//
+//   FastHalfToFloat  the hardware conversion. Equal to codec::HalfToFloat except that a NaN
+//                    keeps its payload; callers treat tiles holding NaN with the exact codec.
+//   FastE4M3x4       the hardware `cvt.rn.satfinite.e4m3x2.f32`, with NaN bytes forced to
+//                    0x7F as codec::FloatToE4M3 does. All 2^32 inputs.
+//   FastE2M1         compare-and-round without integer compares: three fused multiply-adds
+//                    round |x| onto the three E2M1 binades at once and the smallest result is
+//                    the code. Equal to codec::FloatToE2M1 for every non-NaN input.
+#ifndef KVTIER_KERNELS_FAST_CODEC_CUH_
+#define KVTIER_KERNELS_FAST_CODEC_CUH_
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace kvtier::gpu {
+
+__device__ __forceinline__ float FastHalfToFloat(uint32_t bits) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+// Four E4M3 codes, a in the lowest byte.
+__device__ __forceinline__ uint32_t FastE4M3x4(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t w = lo | (hi << 16);
+  // A byte whose low seven bits are all set is NaN (0x7F or 0xFF): clear its sign bit.
+  const uint32_t nan = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+  return w & ~nan;
+}
+
+// The E2M1 code of x. REQUIRES: x is not NaN.
+// y = min(|x|, 6) lies in one of three binades of E2M1 spacing: [0, 2) with step 0.5, [2, 4)
+// with step 1 and [4, 6] with step 2. Adding 2^23 (+ the binade's first code) to y scaled to
+// unit steps rounds it, in one IEEE rounding, to the nearest code with ties to even, exactly
+// as the codec's midpoint compares do. The scaling that belongs to y's binade gives the
+// smallest of the three candidates, so no compare or select is needed.
+__device__ __forceinline__ uint32_t FastE2M1(float x) {
+  const float y = fminf(fabsf(x), 6.f);
+  const float c1 = __fmaf_rn(y, 2.f, 0x1p23f);
+  const float c2 = __fadd_rn(y, 0x1p23f + 2.f);
+  const float c3 = __fmaf_rn(y, 0.5f, 0x1p23f + 4.f);
+  return (__float_as_uint(fminf(c1, fminf(c2, c3))) - 0x4B000000u) |
+         ((__float_as_uint(x) >> 28) & 8u);
+}
+
+}  // namespace kvtier::gpu
+
+#endif  // KVTIER_KERNELS_FAST_CODEC_CUH_

@@ -1,0 +1,202 @@
+// Prefix sharing and eviction through the public API.
+#include <numeric>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kvtier/cache.h"
+#include "tests/test_util.h"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::ExpectSameState;
+using ::kvtier::testing::MustCreate;
+using ::kvtier::testing::SmallOptions;
+
+std::vector<int32_t> Tokens(int n, int32_t first) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+class PrefixCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override { cache_ = MustCreate(SmallOptions(/*slabs_per_layer=*/1)); }
+  void TearDown() override {
+    EXPECT_TRUE(cache_->CheckConsistency().ok()) << cache_->CheckConsistency();
+  }
+
+  // A sequence that computed `tokens` and was released, leaving its full blocks cached.
+  void Serve(const std::vector<int32_t>& tokens, SequenceOptions options = {}) {
+    const AddResult added = *cache_->AddSequence(options);
+    std::vector<int64_t> slots;
+    ASSERT_TRUE(cache_->AppendTokens(added.id, tokens, &slots).ok());
+    ASSERT_TRUE(cache_->Release(added.id).ok());
+  }
+
+  std::unique_ptr<Cache> cache_;
+};
+
+TEST_F(PrefixCacheTest, ASharedPromptIsMatchedAndLeavesOneTokenToCompute) {
+  const std::vector<int32_t> prompt = Tokens(50, 1000);
+  const AddResult first = *cache_->AddSequence({});
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->AppendTokens(first.id, prompt, &slots).ok());
+  const std::vector<BlockId> first_blocks = *cache_->SequenceBlocks(first.id);
+
+  SequenceOptions options;
+  options.prompt = prompt;
+  const AddResult second = *cache_->AddSequence(options);
+  EXPECT_EQ(second.cached_tokens, 48);
+  EXPECT_EQ(*cache_->SequenceLength(second.id), 48);
+  const std::vector<BlockId> shared = *cache_->SequenceBlocks(second.id);
+  ASSERT_EQ(shared.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(shared[i], first_blocks[i]);
+    EXPECT_EQ(cache_->GetBlockInfo(shared[i])->ref_count, 2);
+  }
+  // A prompt of exactly three blocks keeps its last block to compute.
+  options.prompt = absl::MakeConstSpan(prompt).subspan(0, 48);
+  EXPECT_EQ(cache_->AddSequence(options)->cached_tokens, 32);
+
+  const CacheStats s = cache_->GetStats();
+  EXPECT_EQ(s.prefix_queried_tokens, 98);
+  EXPECT_EQ(s.prefix_hit_tokens, 80);
+  EXPECT_EQ(s.prefix_hit_blocks, 5);
+  EXPECT_EQ(s.prefix_missed_blocks, 1);
+  EXPECT_EQ(s.indexed_blocks, 3);
+}
+
+TEST_F(PrefixCacheTest, ReleasedBlocksStayCachedAndAreReused) {
+  Serve(Tokens(40, 7));
+  CacheStats s = cache_->GetStats();
+  EXPECT_EQ(s.formats[0].blocks_cached, 2);
+  EXPECT_EQ(s.evictable_blocks, 1);  // leaf-first: only the last full block can go
+  SequenceOptions options;
+  const std::vector<int32_t> prompt = Tokens(40, 7);
+  options.prompt = prompt;
+  const AddResult again = *cache_->AddSequence(options);
+  EXPECT_EQ(again.cached_tokens, 32);
+  s = cache_->GetStats();
+  EXPECT_EQ(s.formats[0].blocks_cached, 0);
+  EXPECT_EQ(s.formats[0].blocks_in_use, 2);
+}
+
+TEST_F(PrefixCacheTest, ExtraKeyAndMinimumPrecisionMakeMisses) {
+  Serve(Tokens(40, 7));
+  const std::vector<int32_t> prompt = Tokens(40, 7);
+  SequenceOptions options;
+  options.prompt = prompt;
+  options.extra_key = 99;  // another adapter: same tokens, other content
+  EXPECT_EQ(cache_->AddSequence(options)->cached_tokens, 0);
+  options.extra_key = 0;
+  options.prompt = Tokens(40, 8);  // other tokens
+  EXPECT_EQ(cache_->AddSequence(options)->cached_tokens, 0);
+}
+
+TEST(PrefixPrecisionTest, ACachedBlockColderThanTheRequestAllowsIsAMiss) {
+  Options o = SmallOptions();
+  o.palette = {*ParseFormat("fp16"), *ParseFormat("fp8_e4m3/block_head")};
+  auto cache = MustCreate(o);
+  const std::vector<int32_t> prompt = Tokens(40, 3);
+  const SequenceId a = *cache->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->AppendTokens(a, prompt, &slots).ok());
+  const std::vector<BlockId> blocks = *cache->SequenceBlocks(a);
+  ASSERT_TRUE(cache->Demote({blocks[1]}, 1).ok());
+  ASSERT_TRUE(cache->Release(a).ok());
+  SequenceOptions strict;
+  strict.prompt = prompt;
+  strict.coldest_format = 0;  // FP16 only
+  EXPECT_EQ(cache->AddSequence(strict)->cached_tokens, 16);  // block 1 is FP8: a miss
+  SequenceOptions any;
+  any.prompt = prompt;
+  const AddResult reused = *cache->AddSequence(any);
+  EXPECT_EQ(reused.cached_tokens, 32);  // found at FP8, reused at FP8
+  // The strict request's block 0 may not be demoted below FP16.
+  EXPECT_EQ(cache->Demote({blocks[0]}, 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
+}
+
+TEST_F(PrefixCacheTest, AllocationEvictsColdPrefixesLeafFirst) {
+  // One slab: 256 FP16 blocks. Cache 4 chains of 50 blocks, then ask for 100 blocks.
+  for (int chain = 0; chain < 4; ++chain) Serve(Tokens(50 * 16, chain * 100000));
+  EXPECT_EQ(cache_->GetStats().formats[0].blocks_cached, 200);
+  const SequenceId big = *cache_->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->Append(big, 100 * 16, &slots).ok());
+  const CacheStats s = cache_->GetStats();
+  EXPECT_EQ(s.evicted_blocks, 200 + 100 - 256);
+  // The oldest chain went first, from its leaf back: 44 of its 50 blocks are gone and its head
+  // survives; the newest chain is whole.
+  std::vector<int32_t> oldest = Tokens(50 * 16, 0), newest = Tokens(50 * 16, 300000);
+  SequenceOptions probe;
+  probe.prompt = newest;
+  EXPECT_EQ(cache_->AddSequence(probe)->cached_tokens, 49 * 16);
+  probe.prompt = oldest;
+  EXPECT_EQ(cache_->AddSequence(probe)->cached_tokens, 6 * 16);
+}
+
+TEST_F(PrefixCacheTest, ExhaustedWhenNothingIsEvictableChangesNothing) {
+  const SequenceId holder = *cache_->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->AppendTokens(holder, Tokens(200 * 16, 1), &slots).ok());
+  Serve(Tokens(10 * 16, 500000));  // 10 cached blocks
+  const CacheStats before = cache_->GetStats();
+  const SequenceId other = *cache_->AddSequence();
+  slots.clear();
+  // 56 free + 10 evictable < 100: fails without evicting anything.
+  EXPECT_EQ(cache_->Append(other, 100 * 16, &slots).code(), absl::StatusCode::kResourceExhausted);
+  const CacheStats after = cache_->GetStats();
+  EXPECT_EQ(after.evicted_blocks, before.evicted_blocks);
+  EXPECT_EQ(after.formats[0].blocks_cached, 10);
+  EXPECT_EQ(*cache_->SequenceLength(holder), 200 * 16);  // referenced blocks never go
+}
+
+TEST_F(PrefixCacheTest, PrioritiesAndTheirExpiry) {
+  SequenceOptions keep;
+  keep.priority = 3;
+  keep.priority_ttl_steps = 5;
+  Serve(Tokens(16 * 100, 1), keep);     // high priority, older
+  Serve(Tokens(16 * 100, 900000));      // priority 0, newer
+  // 56 blocks are free; 156 more need 100 evictions: the priority-0 chain goes although it is
+  // newer.
+  const SequenceId a = *cache_->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->Append(a, 16 * 156, &slots).ok());
+  std::vector<int32_t> kept = Tokens(16 * 100, 1);
+  SequenceOptions probe = keep;
+  probe.prompt = kept;
+  AddResult r = *cache_->AddSequence(probe);
+  EXPECT_EQ(r.cached_tokens, 99 * 16);
+  ASSERT_TRUE(cache_->Release(r.id).ok());
+  // After its TTL the kept chain is evicted like priority 0 (ahead of fresher level-0 blocks).
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(cache_->EndStep().ok());
+  Serve(Tokens(16 * 10, 700000));  // the budget is full: 10 expired blocks make room
+  ASSERT_TRUE(cache_->Append(a, 16 * 10, &slots).ok());  // 10 more expired blocks go
+  const std::vector<int32_t> fresh = Tokens(16 * 10, 700000);
+  probe = {};
+  probe.prompt = fresh;
+  EXPECT_EQ(cache_->AddSequence(probe)->cached_tokens, 9 * 16);  // the fresh level-0 chain stays
+  EXPECT_EQ(cache_->GetStats().evicted_blocks, 100 + 10 + 10);
+}
+
+TEST_F(PrefixCacheTest, BadOptions) {
+  SequenceOptions o;
+  o.coldest_format = 1;
+  EXPECT_EQ(cache_->AddSequence(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.priority = 8;
+  EXPECT_EQ(cache_->AddSequence(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.priority_ttl_steps = -2;
+  EXPECT_EQ(cache_->AddSequence(o).status().code(), absl::StatusCode::kInvalidArgument);
+  const SequenceId s = *cache_->AddSequence();
+  std::vector<int64_t> slots;
+  const int32_t two[] = {1, 2};
+  EXPECT_EQ(cache_->AppendBatch({s}, {3}, two, &slots).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->GetStats().sequences, 1);
+}
+
+}  // namespace
+}  // namespace kvtier
