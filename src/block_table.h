@@ -29,6 +29,8 @@ struct BlockMeta {
   uint8_t priority = 0;        // eviction level once cached
   bool indexed = false;        // in the prefix index
   BlockState state = BlockState::kFree;
+  uint8_t vote_tier = 0;       // a shared block moves to this tier once votes reach ref_count
+  uint16_t votes = 0;          // sharers whose age for the block has crossed into vote_tier
 };
 
 class BlockTable {

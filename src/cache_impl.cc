@@ -75,6 +75,7 @@ CacheImpl::CacheImpl(const Options& options, std::unique_ptr<Backend> backend)
   for (int f = 0; f < num_formats() * num_formats(); ++f) {
     migrations_.push_back(MigrationStats{f / num_formats(), f % num_formats(), 0, 0});
   }
+  demote_queue_.resize(num_formats());
   for (int f = 0; f < num_formats(); ++f) {
     pools_.emplace_back(layouts_[f].page_bytes, options.slab_bytes, num_slabs_);
     const FormatSpec& spec = options.palette[f];
@@ -135,7 +136,12 @@ uint32_t CacheImpl::AvailableSlabs(int format) const {
   return available;
 }
 
-absl::Status CacheImpl::EnsureFreePages(int format, uint32_t count) {
+uint64_t CacheImpl::RoomFor(int format) const {
+  const PagePool& pool = pools_[format];
+  return pool.free_pages() + uint64_t{AvailableSlabs(format)} * pool.MinPagesPerSlot();
+}
+
+absl::Status CacheImpl::EnsureFreePages(int format, uint32_t count, bool may_evict) {
   PagePool& pool = pools_[format];
   const uint32_t per_slab = pool.MinPagesPerSlot();
   auto slabs_needed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -150,7 +156,7 @@ absl::Status CacheImpl::EnsureFreePages(int format, uint32_t count) {
     }
     bound += slabs * per_slab;
     int64_t evicted = 0;
-    while (bound >= count && slabs_needed() > AvailableSlabs(format) && EvictOne()) {
+    while (may_evict && bound >= count && slabs_needed() > AvailableSlabs(format) && EvictOne()) {
       evicted += 1;
       if (backend_->synchronous()) {
         RetireSynchronous();
@@ -359,6 +365,7 @@ absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
     }
     seq->num_tokens += num_tokens[i];
     tokens_ += num_tokens[i];
+    MarkDirty(batch[i], *seq);
   }
   return absl::OkStatus();
 }
@@ -396,6 +403,8 @@ absl::StatusOr<SequenceId> CacheImpl::Fork(SequenceId parent) {
   Sequence* c = sequences_.Find(child);
   *c = copy;
   c->generation = child.generation;
+  c->dirty = false;
+  MarkDirty(child, *c);
   for (uint32_t b : c->blocks) blocks_[b].ref_count += 1;
   tokens_ += c->num_tokens;
   return child;
@@ -602,14 +611,22 @@ absl::Status CacheImpl::Demote(absl::Span<const BlockId> ids, int32_t format) {
           "block ", ids[i].index, " is held by a request whose minimum precision is palette format ",
           int{b.coldest_format}));
     }
-    for (size_t j = 0; j < i; ++j) {
-      if (ids[j] == ids[i]) {
-        return absl::InvalidArgumentError(absl::StrCat("block ", ids[i].index, " is listed twice"));
-      }
-    }
   }
+  std::vector<uint32_t> indices;
+  indices.reserve(ids.size());
+  for (BlockId id : ids) indices.push_back(id.index);
+  std::vector<uint32_t> sorted = indices;
+  std::sort(sorted.begin(), sorted.end());
+  if (const auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("block ", *twice, " is listed twice"));
+  }
+  return DemoteLocked(indices, format);
+}
+
+absl::Status CacheImpl::DemoteLocked(absl::Span<const uint32_t> ids, int format) {
   if (ids.empty()) return absl::OkStatus();
-  KVTIER_RETURN_IF_ERROR(EnsureFreePages(format, static_cast<uint32_t>(ids.size())));
+  // Demotion never evicts cached prefixes to make room: it is what pressure does first.
+  KVTIER_RETURN_IF_ERROR(EnsureFreePages(format, static_cast<uint32_t>(ids.size()), false));
   const int layers = options_.geometry.num_layers;
   std::vector<PoolView> from, to;
   std::vector<uint32_t> src, dst;
@@ -617,10 +634,10 @@ absl::Status CacheImpl::Demote(absl::Span<const BlockId> ids, int32_t format) {
   for (int f = 0; f < format; ++f) {
     src.clear();
     dst.clear();
-    for (BlockId id : ids) {
-      if (blocks_[id.index].format != f) continue;
-      src.push_back(blocks_[id.index].page);
-      dst.push_back(pools_[format].Allocate(id.index));
+    for (uint32_t id : ids) {
+      if (blocks_[id].format != f) continue;
+      src.push_back(blocks_[id].page);
+      dst.push_back(pools_[format].Allocate(id));
     }
     if (src.empty()) continue;
     from.clear();
@@ -638,9 +655,10 @@ absl::Status CacheImpl::Demote(absl::Span<const BlockId> ids, int32_t format) {
     m.blocks += static_cast<int64_t>(src.size());
     m.bytes += static_cast<int64_t>(src.size()) * layers *
                (layouts_[f].page_bytes + layouts_[format].page_bytes);
+    if (under_pressure_) demotions_under_pressure_ += static_cast<int64_t>(src.size());
     size_t next = 0;
-    for (BlockId id : ids) {
-      BlockMeta& b = blocks_[id.index];
+    for (uint32_t id : ids) {
+      BlockMeta& b = blocks_[id];
       if (b.format != f) continue;
       pools_[f].SetOwner(b.page, PagePool::kPending);
       reclaim_.Push(b.format, b.page);
@@ -687,6 +705,7 @@ absl::Status CacheImpl::CalibrateTensorScales(int32_t layer, const KVInput& kv) 
 
 absl::Status CacheImpl::EndStep() {
   MutexLock lock(&mu_);
+  RunPolicy();
   steps_ += 1;
   if (backend_->synchronous()) {
     RetireSynchronous();
@@ -729,6 +748,10 @@ CacheStats CacheImpl::GetStats() const {
   s.evicted_blocks = evicted_blocks_;
   s.evictable_blocks = evictor_.size();
   s.indexed_blocks = static_cast<int64_t>(index_.size());
+  s.policy = policy_ ? policy_->name : "";
+  s.under_pressure = under_pressure_;
+  s.demotions_under_pressure = demotions_under_pressure_;
+  s.policy_demotion_failures = policy_demotion_failures_;
   for (const MigrationStats& m : migrations_) {
     if (m.blocks > 0) s.migrations.push_back(m);
   }

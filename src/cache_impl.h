@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -45,6 +47,7 @@ class CacheImpl final : public Cache {
                                PageTables* tables) const override;
   absl::Status Demote(absl::Span<const BlockId> blocks, int32_t format) override;
   absl::Status CalibrateTensorScales(int32_t layer, const KVInput& kv) override;
+  absl::Status SetPolicy(const Policy& policy) override;
   absl::Status EndStep() override;
   CacheStats GetStats() const override;
   absl::Status CheckConsistency() const override;
@@ -57,10 +60,13 @@ class CacheImpl final : public Cache {
   uint8_t* SlotAddress(int format, int layer, uint32_t slot) const;
 
   // Makes `count` pages of `format` allocatable, mapping slabs from the budget, taking empty
-  // slabs from other formats' pools, and evicting cached prefixes (leaf-first) when neither
-  // suffices. ResourceExhausted when it cannot, with nothing changed if even evicting every
-  // cached block could not have made room.
-  absl::Status EnsureFreePages(int format, uint32_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // slabs from other formats' pools, and, when `may_evict`, evicting cached prefixes
+  // (leaf-first) when neither suffices. ResourceExhausted when it cannot, with nothing changed
+  // if even evicting every cached block could not have made room.
+  absl::Status EnsureFreePages(int format, uint32_t count, bool may_evict = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pages of `format` allocatable without eviction.
+  uint64_t RoomFor(int format) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Slabs obtainable now for a pool other than `format`'s: free, or empty in another pool.
   uint32_t AvailableSlabs(int format) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts one cached block; false when none is evictable.
@@ -84,6 +90,14 @@ class CacheImpl final : public Cache {
   // Replaces the shared partial tail of `seq` with a private copy.
   // REQUIRES: a free page of the hot format.
   absl::Status CopyTail(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Demote's body for validated, distinct block indices all hotter than `format`.
+  absl::Status DemoteLocked(absl::Span<const uint32_t> blocks, int format)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The policy pass of EndStep (cache_policy.cc).
+  void RunPolicy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues into demote_queue_ the blocks of `seq` that crossed a tier boundary.
+  void AgeSequence(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkDirty(SequenceId id, Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckLayer(int32_t layer) const;
   absl::Status CheckInput(const KVInput& kv, int64_t num_tokens) const;
   absl::Status CheckSlots(int32_t layer, absl::Span<const int64_t> slots, const KVInput& kv) const
@@ -111,6 +125,22 @@ class CacheImpl final : public Cache {
   int64_t prefix_hit_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t prefix_missed_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t evicted_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // The policy in force, resolved to palette indices (cache_policy.cc).
+  struct ActivePolicy {
+    std::string name;
+    std::vector<int> tier_format;   // [tier] palette index
+    std::vector<int64_t> bounds;    // [tier] max_age_tokens, -1 for the last
+    int64_t sink_tokens = 0;
+    double watermark = 0;
+    double window_scale = 1;
+  };
+  std::optional<ActivePolicy> policy_ ABSL_GUARDED_BY(mu_);
+  bool under_pressure_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<SequenceId> dirty_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<uint32_t>> demote_queue_ ABSL_GUARDED_BY(mu_);  // [target format]
+  int64_t demotions_under_pressure_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t policy_demotion_failures_ ABSL_GUARDED_BY(mu_) = 0;
   ReclaimQueue reclaim_ ABSL_GUARDED_BY(mu_);
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;

@@ -20,6 +20,8 @@ SequenceId SequenceTable::Add() {
   s.tail_tokens.clear();
   s.hashing = true;
   s.chain_hash = 0;
+  s.tier_cursor.fill(0);
+  s.dirty = false;
   live_ += 1;
   return SequenceId{index, s.generation};
 }

@@ -5,6 +5,7 @@
 #ifndef KVTIER_SRC_SEQUENCE_TABLE_H_
 #define KVTIER_SRC_SEQUENCE_TABLE_H_
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,10 @@ struct Sequence {
   int32_t coldest_format = 0;  // per-request minimum precision (palette index)
   int32_t priority = 0;
   int64_t priority_ttl_steps = -1;
+  // Policy: tier_cursor[k] blocks from the start have been considered for tier k; `dirty` while
+  // the sequence is listed for the next step's policy pass.
+  std::array<int64_t, 8> tier_cursor{};
+  bool dirty = false;
 };
 
 class SequenceTable {

@@ -41,7 +41,9 @@ TEST(CacheThreadsTest, SchedulersAndAMetricsReaderShareOneCache) {
         EXPECT_TRUE(cache->BuildPageTables({seq, child}, &tables).ok());
         EXPECT_TRUE(cache->Release(seq).ok());
         EXPECT_TRUE(cache->Release(child).ok());
-        if (round % 10 == 0) EXPECT_TRUE(cache->EndStep().ok());
+        if (round % 10 == 0) {
+          EXPECT_TRUE(cache->EndStep().ok());
+        }
       }
     });
   }

@@ -25,6 +25,7 @@
 #include "kvtier/ids.h"
 #include "kvtier/options.h"
 #include "kvtier/page_tables.h"
+#include "kvtier/policy.h"
 #include "kvtier/stats.h"
 
 namespace kvtier {
@@ -183,6 +184,12 @@ class KVTIER_EXPORT Cache {
   // twice), FailedPrecondition (a partial block: the tail stays hot), ResourceExhausted.
   virtual absl::Status Demote(absl::Span<const BlockId> blocks, int32_t format) = 0;
 
+  // Runs `policy` from the next EndStep on: each step demotes the blocks whose age crossed a tier
+  // boundary, at a cost bounded by the blocks that change tier. InvalidArgument when the policy
+  // is malformed or a tier's format is not in the palette in palette order (the palette must
+  // contain PolicyPalette(policy) in that order). Blocks already colder stay where they are.
+  virtual absl::Status SetPolicy(const Policy& policy) = 0;
+
   // Sets `layer`'s per-tensor scales (codecs with ScaleScope::kTensor) from the absolute maxima
   // of the finite values in `kv` (FP16/BF16, [num_tokens, heads, head_dim]). FailedPrecondition
   // when a block already holds data in a format with a per-tensor codec, whose pages were
@@ -196,8 +203,9 @@ class KVTIER_EXPORT Cache {
   virtual absl::Status BuildPageTables(absl::Span<const SequenceId> batch,
                                        PageTables* tables) const = 0;
 
-  // Ends a decode step: records the backend fence for work issued so far, returns pages whose
-  // fences have passed to their slabs and empty slabs to the budget.
+  // Ends a decode step: runs the policy (demotions planned from the sequences that grew, and
+  // window shrinking under pressure), records the backend fence for work issued so far, returns
+  // pages whose fences have passed to their slabs and empty slabs to the budget.
   virtual absl::Status EndStep() = 0;
 
   // ---- Introspection ----

@@ -55,6 +55,10 @@ struct CacheStats {
   int64_t evicted_blocks = 0;         // cached blocks dropped to make room
   int64_t evictable_blocks = 0;       // cached blocks that can go now (leaves)
   int64_t indexed_blocks = 0;         // blocks in the prefix index (in use or cached)
+  std::string policy;                 // name of the policy in force, empty for none
+  bool under_pressure = false;        // the policy's windows are shrunk
+  int64_t demotions_under_pressure = 0;  // blocks demoted while under pressure
+  int64_t policy_demotion_failures = 0;  // planned demotions that found no room (retried later)
   std::vector<MigrationStats> migrations;  // pairs with at least one block
 };
 

@@ -1,0 +1,74 @@
+// Precision policies: declarative rules that give each full block the format it should have
+// as it ages. A policy is data, not code: a struct, a JSON file, or a named preset.
+//
+// A block's age is the number of tokens between its last token and its sequence's tail. Tiers
+// are listed hottest first; a block belongs to the first tier whose `max_age_tokens` exceeds its
+// age (the last tier has none). Blocks only move colder (no promotion in place); blocks holding
+// any of the first `sink_tokens` tokens, and partial tail blocks, stay in palette[0]. A request's
+// minimum precision (SequenceOptions::coldest_format) caps how cold its blocks go, and a block
+// shared by several sequences moves only once every sharer's age for it has crossed the
+// boundary. Under memory pressure (free budget below `pressure_watermark`) every window
+// shrinks by `pressure_window_scale`, demoting before cached prefixes are evicted.
+//
+// JSON form (every field optional but `tiers`):
+//   {"name": "balanced",
+//    "tiers": [{"format": "fp16", "max_age_tokens": 256},
+//              {"format": "fp8_e4m3/block_head", "max_age_tokens": 4096},
+//              {"format": "k:nvfp4_channel/block_head,v:nvfp4/block_head"}],
+//    "sink_tokens": 4, "pressure_watermark": 0.05, "pressure_window_scale": 0.5}
+#ifndef KVTIER_POLICY_H_
+#define KVTIER_POLICY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kvtier/export.h"
+#include "kvtier/format.h"
+
+namespace kvtier {
+
+struct PolicyTier {
+  FormatSpec format;
+  // Blocks younger than this (in tokens) stay in this tier. -1 on the last tier: no bound.
+  int64_t max_age_tokens = -1;
+};
+
+struct Policy {
+  std::string name;
+  // Hottest first. REQUIRES: 1 to 8 tiers, strictly increasing bounds, the last unbounded,
+  // formats distinct.
+  std::vector<PolicyTier> tiers;
+  // Leading tokens of each sequence whose blocks never leave palette[0]. Default: 4.
+  int64_t sink_tokens = 4;
+  // Fraction of the budget that must stay free; below it windows shrink. 0 disables.
+  // Default: 0.05.
+  double pressure_watermark = 0.05;
+  // Factor applied to every tier bound under pressure, in (0, 1]. Default: 0.5.
+  double pressure_window_scale = 0.5;
+};
+
+// OK when `policy` is well formed; otherwise InvalidArgument naming the field.
+KVTIER_EXPORT absl::Status ValidatePolicy(const Policy& policy);
+
+// The formats of the tiers, hottest first: the palette a cache needs to run `policy`.
+KVTIER_EXPORT std::vector<FormatSpec> PolicyPalette(const Policy& policy);
+
+// Named presets: "fp16", "fp8", "balanced", "max_capacity". NotFound for another name.
+KVTIER_EXPORT absl::StatusOr<Policy> PolicyPreset(absl::string_view name);
+KVTIER_EXPORT std::vector<std::string> PolicyPresetNames();
+
+// Parses the JSON form above. InvalidArgument naming the field (e.g. "tiers[1].format").
+KVTIER_EXPORT absl::StatusOr<Policy> ParsePolicyJson(absl::string_view json);
+
+// A preset name, or a path to a JSON file.
+KVTIER_EXPORT absl::StatusOr<Policy> LoadPolicy(absl::string_view name_or_path);
+
+// The JSON form of `policy` (round-trips through ParsePolicyJson).
+KVTIER_EXPORT std::string PolicyToJson(const Policy& policy);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_POLICY_H_

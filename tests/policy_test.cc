@@ -1,0 +1,196 @@
+// Precision policies: parsing, presets, and aging through EndStep on the CPU backend.
+#include "kvtier/policy.h"
+
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kvtier/cache.h"
+#include "tests/test_util.h"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::MustCreate;
+using ::kvtier::testing::SmallOptions;
+
+TEST(PolicyTest, PresetsAreValidAndRoundTripThroughJson) {
+  for (const std::string& name : PolicyPresetNames()) {
+    const Policy p = *PolicyPreset(name);
+    EXPECT_TRUE(ValidatePolicy(p).ok()) << name;
+    const Policy again = *ParsePolicyJson(PolicyToJson(p));
+    EXPECT_EQ(PolicyToJson(again), PolicyToJson(p));
+    EXPECT_EQ(PolicyPalette(again), PolicyPalette(p));
+  }
+  EXPECT_EQ(PolicyPreset("turbo").status().code(), absl::StatusCode::kNotFound);
+  const Policy balanced = *PolicyPreset("balanced");
+  ASSERT_EQ(balanced.tiers.size(), 3u);
+  EXPECT_EQ(balanced.tiers[1].max_age_tokens, 4096);
+}
+
+TEST(PolicyTest, InvalidPoliciesNameTheField) {
+  struct Case {
+    const char* json;
+    const char* field;
+  };
+  for (const Case& c : {
+           Case{R"({"tiers": []})", "policy.tiers"},
+           Case{R"({"tiers": [{"format": "fp17"}]})", "tiers[0].format"},
+           Case{R"({"tiers": [{"format": "fp16", "max_age_tokens": 10}]})", "tiers[0].max_age_tokens"},
+           Case{R"({"tiers": [{"format": "fp16", "max_age_tokens": 64},
+                              {"format": "fp8_e4m3/block_head", "max_age_tokens": 32},
+                              {"format": "nvfp4/block_head"}]})", "tiers[1].max_age_tokens"},
+           Case{R"({"tiers": [{"format": "fp8_e4m3/block_head"}]})", "tiers[0].format"},
+           Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": -1})", "sink_tokens"},
+           Case{R"({"tiers": [{"format": "fp16"}], "pressure_watermark": 1.5})", "pressure_watermark"},
+           Case{R"({"tiers": [{"format": "fp16"}], "pressure_window_scale": 0})", "pressure_window_scale"},
+           Case{R"({"tiers": [{"format": "fp16", "colour": 1}]})", "tiers[0].colour"},
+           Case{R"({"tier": []})", "policy.tier"},
+           Case{R"({"tiers": [{"format": "fp16"}], )", "JSON at byte"},
+       }) {
+    const absl::StatusOr<Policy> p = ParsePolicyJson(c.json);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << c.json;
+    EXPECT_NE(p.status().message().find(c.field), absl::string_view::npos)
+        << c.field << " not in: " << p.status().message();
+  }
+}
+
+TEST(PolicyTest, LoadsAPresetOrAFile) {
+  EXPECT_EQ(LoadPolicy("fp8")->name, "fp8");
+  const std::string path = ::testing::TempDir() + "/policy.json";
+  std::ofstream(path) << R"({"name": "mine", "tiers": [{"format": "fp16", "max_age_tokens": 128},
+                                                       {"format": "nvfp4/block_head"}]})";
+  const Policy p = *LoadPolicy(path);
+  EXPECT_EQ(p.name, "mine");
+  EXPECT_EQ(p.tiers[0].max_age_tokens, 128);
+  EXPECT_EQ(LoadPolicy("/nonexistent/policy.json").status().code(), absl::StatusCode::kNotFound);
+  std::remove(path.c_str());
+}
+
+// A policy with short windows: FP16 while younger than 32 tokens, FP8 below 96, then NVFP4.
+Policy ShortWindows(int64_t sinks = 4) {
+  Policy p;
+  p.name = "short";
+  p.tiers = {{*ParseFormat("fp16"), 32},
+             {*ParseFormat("fp8_e4m3/block_head"), 96},
+             {*ParseFormat("nvfp4/block_head"), -1}};
+  p.sink_tokens = sinks;
+  p.pressure_watermark = 0;
+  return p;
+}
+
+std::unique_ptr<Cache> PolicyCache(const Policy& p, int slabs = 8) {
+  Options o = SmallOptions(slabs);
+  o.palette = PolicyPalette(p);
+  auto cache = MustCreate(o);
+  EXPECT_TRUE(cache->SetPolicy(p).ok());
+  return cache;
+}
+
+std::vector<int> Formats(Cache& cache, SequenceId seq) {
+  std::vector<int> formats;
+  const std::vector<BlockId> blocks = *cache.SequenceBlocks(seq);
+  for (BlockId b : blocks) formats.push_back(cache.GetBlockInfo(b)->format);
+  return formats;
+}
+
+TEST(PolicyAgingTest, BlocksCrossTierBoundariesAsTheyAge) {
+  auto cache = PolicyCache(ShortWindows());
+  const SequenceId seq = *cache->AddSequence();
+  std::vector<int64_t> slots;
+  for (int t = 1; t <= 160; ++t) {
+    ASSERT_TRUE(cache->Append(seq, 1, &slots).ok());
+    ASSERT_TRUE(cache->EndStep().ok());
+    const std::vector<int> formats = Formats(*cache, seq);
+    for (size_t i = 0; i < formats.size(); ++i) {
+      const int64_t end = static_cast<int64_t>(i + 1) * 16;
+      const int64_t age = t - end;
+      int want = 0;
+      if (end <= t && i > 0) want = age >= 96 ? 2 : age >= 32 ? 1 : 0;  // block 0 holds sinks
+      ASSERT_EQ(formats[i], want) << "block " << i << " at length " << t;
+    }
+    ASSERT_TRUE(cache->CheckConsistency().ok());
+  }
+  const CacheStats s = cache->GetStats();
+  EXPECT_EQ(s.policy, "short");
+  EXPECT_LT(s.effective_bits_per_element, 10.0);
+}
+
+TEST(PolicyAgingTest, ASequencesMinimumPrecisionCapsItsBlocks) {
+  auto cache = PolicyCache(ShortWindows(0));
+  SequenceOptions strict;
+  strict.coldest_format = 1;
+  const SequenceId seq = cache->AddSequence(strict)->id;
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->Append(seq, 200, &slots).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  for (int f : Formats(*cache, seq)) EXPECT_LE(f, 1);
+  EXPECT_EQ(Formats(*cache, seq).front(), 1);
+}
+
+TEST(PolicyAgingTest, SharedBlocksFollowTheirYoungestSharer) {
+  auto cache = PolicyCache(ShortWindows(0));
+  std::vector<int32_t> prompt(48);
+  for (int i = 0; i < 48; ++i) prompt[i] = 7 * i + 1;
+  const SequenceId old_seq = *cache->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->AppendTokens(old_seq, prompt, &slots).ok());
+  // A younger request shares the first two blocks (32 tokens matched, 16 recomputed).
+  SequenceOptions o;
+  o.prompt = prompt;
+  const AddResult young = *cache->AddSequence(o);
+  ASSERT_EQ(young.cached_tokens, 32);
+  ASSERT_TRUE(cache->Append(young.id, 16, &slots).ok());
+  // The old sequence grows by 40: its age for block 0 is 72 >= 32, the young one's is 32.
+  ASSERT_TRUE(cache->Append(old_seq, 40, &slots).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  std::vector<int> old_formats = Formats(*cache, old_seq);
+  EXPECT_EQ(old_formats[0], 1);  // both sharers crossed 32 for block 0 (young: 48 - 16 = 32)
+  EXPECT_EQ(old_formats[1], 0);  // young's age for block 1 is 16: not yet
+  EXPECT_EQ(old_formats[2], 1);  // private to the old sequence, age 40
+  ASSERT_TRUE(cache->Append(young.id, 16, &slots).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  EXPECT_EQ(Formats(*cache, old_seq)[1], 1);  // now the young one crossed too
+  EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
+}
+
+TEST(PolicyAgingTest, UnderPressureWindowsShrinkBeforePrefixesAreEvicted) {
+  Policy p = ShortWindows(0);
+  p.tiers[0].max_age_tokens = 512;
+  p.tiers[1].max_age_tokens = 4096;
+  p.pressure_watermark = 0.3;
+  p.pressure_window_scale = 0.125;
+  auto cache = PolicyCache(p, /*slabs=*/8);  // 2048 FP16 blocks
+  // A cached prefix of 20 blocks, then a sequence that fills 74% of the budget.
+  std::vector<int32_t> prompt(320);
+  for (int i = 0; i < 320; ++i) prompt[i] = i;
+  const SequenceId first = *cache->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->AppendTokens(first, prompt, &slots).ok());
+  ASSERT_TRUE(cache->Release(first).ok());
+  const SequenceId big = *cache->AddSequence();
+  ASSERT_TRUE(cache->Append(big, 16 * 1500, &slots).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  CacheStats s = cache->GetStats();
+  EXPECT_TRUE(s.under_pressure);
+  EXPECT_GT(s.demotions_under_pressure, 0);  // windows shrank 8x: old blocks left FP16
+  EXPECT_EQ(s.evicted_blocks, 0);             // and no cached prefix was dropped
+  EXPECT_EQ(s.formats[0].blocks_cached, 20);
+  EXPECT_GT(s.formats[1].blocks_in_use, 0);
+  EXPECT_GT(s.formats[2].blocks_in_use, 0);
+  EXPECT_EQ(s.policy_demotion_failures, 0);
+  EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
+}
+
+TEST(PolicyAgingTest, SetPolicyNeedsItsFormatsInThePalette) {
+  auto cache = MustCreate(SmallOptions());  // palette {fp16}
+  EXPECT_EQ(cache->SetPolicy(ShortWindows()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(cache->SetPolicy(*PolicyPreset("fp16")).ok());
+  Policy bad = ShortWindows();
+  bad.tiers.clear();
+  EXPECT_EQ(cache->SetPolicy(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtier
