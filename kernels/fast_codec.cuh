@@ -11,6 +11,9 @@
 //   FastE2M1         compare-and-round without integer compares: three fused multiply-adds
 //                    round |x| onto the three E2M1 binades at once and the smallest result is
 //                    the code. Equal to codec::FloatToE2M1 for every non-NaN input.
+//   FastE4M3ToFloat  the hardware E4M3 -> FP16 conversion, then FP16 -> float. Equal to
+//                    codec::E4M3ToFloat for the 254 non-NaN codes; NaN codes give a NaN
+//                    (whose payload may differ).
 #ifndef KVTIER_KERNELS_FAST_CODEC_CUH_
 #define KVTIER_KERNELS_FAST_CODEC_CUH_
 
@@ -35,19 +38,45 @@ __device__ __forceinline__ uint32_t FastE4M3x4(float a, float b, float c, float 
   return w & ~nan;
 }
 
-// The E2M1 code of x. REQUIRES: x is not NaN.
+__device__ __forceinline__ float FastE4M3ToFloat(uint32_t code) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// The E2M1 code of x plus kE2M1Bias (2^23 as float bits). REQUIRES: x is not NaN.
 // y = min(|x|, 6) lies in one of three binades of E2M1 spacing: [0, 2) with step 0.5, [2, 4)
 // with step 1 and [4, 6] with step 2. Adding 2^23 (+ the binade's first code) to y scaled to
 // unit steps rounds it, in one IEEE rounding, to the nearest code with ties to even, exactly
 // as the codec's midpoint compares do. The scaling that belongs to y's binade gives the
-// smallest of the three candidates, so no compare or select is needed.
-__device__ __forceinline__ uint32_t FastE2M1(float x) {
+// smallest of the three candidates, so no compare or select is needed. The sign goes to bit 3
+// (free in the biased value, so OR is addition): callers packing eight codes add the biased
+// values shifted and subtract the bias once.
+constexpr uint32_t kE2M1Bias = 0x4B000000u;
+__device__ __forceinline__ uint32_t FastE2M1Biased(float x) {
   const float y = fminf(fabsf(x), 6.f);
   const float c1 = __fmaf_rn(y, 2.f, 0x1p23f);
   const float c2 = __fadd_rn(y, 0x1p23f + 2.f);
   const float c3 = __fmaf_rn(y, 0.5f, 0x1p23f + 4.f);
-  return (__float_as_uint(fminf(c1, fminf(c2, c3))) - 0x4B000000u) |
-         ((__float_as_uint(x) >> 28) & 8u);
+  return __float_as_uint(fminf(c1, fminf(c2, c3))) | ((__float_as_uint(x) >> 28) & 8u);
+}
+
+// The E2M1 code of x. REQUIRES: x is not NaN.
+__device__ __forceinline__ uint32_t FastE2M1(float x) { return FastE2M1Biased(x) - kE2M1Bias; }
+
+// Eight E2M1 codes of x[i] * m packed as codec::PackE2M1x2 does (x[0] in the low nibble).
+// REQUIRES: no x[i] * m is NaN.
+__device__ __forceinline__ uint32_t FastPackE2M1x8(const float* x, float m) {
+  uint32_t w = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w += FastE2M1Biased(x[i] * m) << (4 * i);  // mod 2^32
+  return w - kE2M1Bias * 0x11111111u;
+}
+
+// max(a, |x|) where a NaN x makes the result NaN (PTX max.NaN): an amax that also flags NaN.
+__device__ __forceinline__ float MaxAbsNan(float a, float x) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(fabsf(x)));
+  return r;
 }
 
 }  // namespace kvtier::gpu

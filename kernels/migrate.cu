@@ -25,6 +25,9 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kCachedGroups = 4;
+// 3 blocks of 8 warps per SM (at most 85 registers) for 16-bit sources, whose cached groups
+// are raw: enough loads in flight to keep HBM busy. Other sources cache floats: 2 blocks.
+constexpr int kMinBlocksPerSm = 3;
 
 // One warp's work: a (layer, block, head, side) tile.
 struct Tile {
@@ -59,6 +62,39 @@ __device__ DstKind KindOf(const CodecLayout& c) {
   return c.axis == MicroAxis::kHeadDim ? DstKind::kNvfp4Block : DstKind::kNvfp4Channel;
 }
 
+// A group of 16 source elements kept in registers between the amax pass and the encode
+// pass: the raw 32 bytes for 16-bit sources (half the registers of floats, so more warps fit),
+// decoded floats otherwise.
+template <bool kFast, bool kSrc16>
+struct CachedGroup {
+  float v[16];
+  __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, int token, int d0) {
+    LoadGroup<kFast>(l, t.sc, t.src, t.head, token, d0, t.src_scale, v);
+  }
+  __device__ __forceinline__ void Get(const Tile&, float x[16]) const {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = v[i];
+  }
+};
+
+template <bool kFast>
+struct CachedGroup<kFast, true> {
+  uint4 a, b;
+  __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, int token, int d0) {
+    const uint8_t* row = t.src + l.PayloadOffset(t.sc, t.head, token) + d0 * 2;
+    a = *reinterpret_cast<const uint4*>(row);
+    b = *reinterpret_cast<const uint4*>(row + 16);
+  }
+  __device__ __forceinline__ void Get(const Tile& t, float x[16]) const {
+    const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      x[2 * i] = Decode16<kFast>(t.sc.type, w[i] & 0xFFFFu);
+      x[2 * i + 1] = Decode16<kFast>(t.sc.type, w[i] >> 16);
+    }
+  }
+};
+
 // ---- FP8 per (block, head) ----
 
 template <bool kFast>
@@ -85,29 +121,36 @@ __device__ __forceinline__ void StoreFp8Group(const PageLayout& dl, const Tile& 
       make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Returns false, having written nothing, when kFast and the tile holds +-Inf.
-template <bool kFast>
-__device__ __forceinline__ bool Fp8BlockTile(const PageLayout& sl, const PageLayout& dl, const Tile& t,
-                             int lane) {
+// Returns false, having written nothing, when kFast and the tile holds +-Inf (the fast amax
+// does not skip it; NaN is skipped by fmaxf and encoded as 0x7F by either form).
+template <bool kFast, bool kSrc16>
+__device__ __forceinline__ bool Fp8BlockTile(const PageLayout& sl, const PageLayout& dl,
+                                             const Tile& t, int lane) {
+  constexpr int kCache = kFast ? kCachedGroups : 0;
   const GroupIndex gi(sl.head_dim);
   const int groups = sl.tokens * static_cast<int>(gi.per_token);
-  float cache[kCachedGroups][16];
+  CachedGroup<kFast, kSrc16> cache[kCache > 0 ? kCache : 1];
   float amax = 0.f;
+  float x[16];
 #pragma unroll
-  for (int k = 0; k < kCachedGroups; ++k) {
+  for (int k = 0; k < kCache; ++k) {
     const int g = lane + 32 * k;
     if (g < groups) {
       const int token = gi.Token(g);
-      LoadGroup<kFast>(sl, t.sc, t.src, t.head, token, gi.Dim(g, token), t.src_scale,
-                       cache[k]);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) amax = AmaxStep<kFast>(amax, cache[k][i]);
+      cache[k].Load(sl, t, token, gi.Dim(g, token));
     }
   }
-  for (int g = lane + 32 * kCachedGroups; g < groups; g += 32) {
-    float x[16];
+#pragma unroll
+  for (int k = 0; k < kCache; ++k) {
+    if (lane + 32 * k < groups) {
+      cache[k].Get(t, x);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) amax = AmaxStep<kFast>(amax, x[i]);
+    }
+  }
+  for (int g = lane + 32 * kCache; g < groups; g += 32) {
     const int token = gi.Token(g);
-    LoadGroup<kFast>(sl, t.sc, t.src, t.head, token, gi.Dim(g, token), t.src_scale, x);
+    LoadGroup<kFast, kSrc16>(sl, t.sc, t.src, t.head, token, gi.Dim(g, token), t.src_scale, x);
 #pragma unroll
     for (int i = 0; i < 16; ++i) amax = AmaxStep<kFast>(amax, x[i]);
   }
@@ -117,18 +160,18 @@ __device__ __forceinline__ bool Fp8BlockTile(const PageLayout& sl, const PageLay
   if (lane == 0) *reinterpret_cast<float*>(t.dst + dl.ScaleOffset(t.dc, t.head, 0)) = scale;
   const float inv = Reciprocal(scale);
 #pragma unroll
-  for (int k = 0; k < kCachedGroups; ++k) {
+  for (int k = 0; k < kCache; ++k) {
     const int g = lane + 32 * k;
     if (g < groups) {
       const int token = gi.Token(g);
-      StoreFp8Group<kFast>(dl, t, token, gi.Dim(g, token), cache[k], inv);
+      cache[k].Get(t, x);
+      StoreFp8Group<kFast>(dl, t, token, gi.Dim(g, token), x, inv);
     }
   }
-  for (int g = lane + 32 * kCachedGroups; g < groups; g += 32) {
-    float x[16];
+  for (int g = lane + 32 * kCache; g < groups; g += 32) {
     const int token = gi.Token(g);
     const int d0 = gi.Dim(g, token);
-    LoadGroup<kFast>(sl, t.sc, t.src, t.head, token, d0, t.src_scale, x);
+    LoadGroup<kFast, kSrc16>(sl, t.sc, t.src, t.head, token, d0, t.src_scale, x);
     StoreFp8Group<kFast>(dl, t, token, d0, x, inv);
   }
   return true;
@@ -136,65 +179,94 @@ __device__ __forceinline__ bool Fp8BlockTile(const PageLayout& sl, const PageLay
 
 // ---- NVFP4, micro-blocks along head_dim, second level per (block, head) ----
 
+// codec::Nvfp4MicroScale, and the multiplier codec::Nvfp4EncodeValue applies to every value
+// of the micro-block (0 when the values encode as zeros), computed once.
 template <bool kFast>
-__device__ __forceinline__ uint32_t E2M1(float x) {
-  return kFast ? FastE2M1(x) : codec::FloatToE2M1(x);
+__device__ __forceinline__ uint8_t MicroScale(float s_enc, float micro_amax, float* m) {
+  uint8_t sf;
+  float decoded;
+  if (kFast) {
+    const float t = (s_enc * micro_amax) / codec::kE2M1Max;
+    sf = t > 0.f ? static_cast<uint8_t>(FastE4M3x4(t, 0.f, 0.f, 0.f)) : 0;
+    decoded = FastE4M3ToFloat(sf);  // never NaN: t is positive and finite or +Inf
+  } else {
+    sf = codec::Nvfp4MicroScale(s_enc, micro_amax);
+    decoded = codec::E4M3ToFloat(sf);
+  }
+  const float q = s_enc / decoded;
+  *m = q > 0.f && q <= FLT_MAX ? q : 0.f;
+  return sf;
 }
 
-// Encodes one 16-element micro-block whose amax is `micro_amax` (codec::Nvfp4MicroScale and
-// codec::Nvfp4EncodeValue, with the value-independent part hoisted).
+// The E2M1 codes of 8 values x[i] * m, packed (x[0] in the low nibble); all zero when m == 0,
+// as codec::Nvfp4EncodeValue. Computed without a branch, then masked.
+template <bool kFast>
+__device__ __forceinline__ uint32_t PackE2M1x8(const float* x, float m) {
+  uint32_t w = 0;
+  if (kFast) {
+    w = FastPackE2M1x8(x, m);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w |= codec::FloatToE2M1(x[i] * m) << (4 * i);
+  }
+  return m > 0.f ? w : 0u;
+}
+
+// Encodes one 16-element micro-block along head_dim whose amax is `micro_amax`.
 template <bool kFast>
 __device__ __forceinline__ void StoreNvfp4Group(const PageLayout& dl, const Tile& t, int token,
                                                 int d0, const float x[16], float micro_amax,
                                                 float s_enc) {
-  const uint8_t sf = codec::Nvfp4MicroScale(s_enc, micro_amax);
-  t.dst[dl.MicroOffset(t.dc, t.head, token, d0)] = sf;
-  const float m = s_enc / codec::E4M3ToFloat(sf);
-  const bool ok = m > 0.f && m <= FLT_MAX;
-  uint32_t w[2] = {0, 0};
-#pragma unroll
-  for (int i = 0; i < 16; ++i) w[i / 8] |= (ok ? E2M1<kFast>(x[i] * m) : 0u) << (4 * (i % 8));
+  float m;
+  t.dst[dl.MicroOffset(t.dc, t.head, token, d0)] = MicroScale<kFast>(s_enc, micro_amax, &m);
   *reinterpret_cast<uint2*>(t.dst + dl.PayloadOffset(t.dc, t.head, token) + d0 / 2) =
-      make_uint2(w[0], w[1]);
+      make_uint2(PackE2M1x8<kFast>(x, m), PackE2M1x8<kFast>(x + 8, m));
+}
+
+// The amax step of NVFP4 tiles: the fast form turns the amax NaN when a value is NaN and
+// +Inf when one is infinite, so that one check after the pass sends such tiles to the exact
+// path (where a NaN's E2M1 sign and an Inf's exclusion from the amax follow the codec).
+template <bool kFast>
+__device__ __forceinline__ float Nvfp4AmaxStep(float amax, float x) {
+  return kFast ? MaxAbsNan(amax, x) : fmaxf(amax, FiniteAbs(x));
 }
 
 // Returns false, having written nothing, when kFast and the tile holds a NaN or an Inf.
-template <bool kFast>
-__device__ __forceinline__ bool Nvfp4BlockTile(const PageLayout& sl, const PageLayout& dl, const Tile& t,
-                               int lane) {
+template <bool kFast, bool kSrc16>
+__device__ __forceinline__ bool Nvfp4BlockTile(const PageLayout& sl, const PageLayout& dl,
+                                               const Tile& t, int lane) {
+  constexpr int kCache = kFast ? kCachedGroups : 0;
   const GroupIndex gi(sl.head_dim);
   const int groups = sl.tokens * static_cast<int>(gi.per_token);
-  float cache[kCachedGroups][16];
-  float micro[kCachedGroups];
+  CachedGroup<kFast, kSrc16> cache[kCache > 0 ? kCache : 1];
+  float micro[kCache > 0 ? kCache : 1];
   float amax = 0.f;
-  float sum = 0.f;  // finite iff no NaN or Inf (or an overflow: then the exact path, too)
+  float x[16];
 #pragma unroll
-  for (int k = 0; k < kCachedGroups; ++k) {
+  for (int k = 0; k < kCache; ++k) {
     const int g = lane + 32 * k;
-    micro[k] = 0.f;
     if (g < groups) {
       const int token = gi.Token(g);
-      LoadGroup<kFast>(sl, t.sc, t.src, t.head, token, gi.Dim(g, token), t.src_scale,
-                       cache[k]);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        micro[k] = AmaxStep<kFast>(micro[k], cache[k][i]);
-        if (kFast) sum += cache[k][i];
-      }
-      amax = fmaxf(amax, micro[k]);
+      cache[k].Load(sl, t, token, gi.Dim(g, token));
     }
   }
-  for (int g = lane + 32 * kCachedGroups; g < groups; g += 32) {
-    float x[16];
+#pragma unroll
+  for (int k = 0; k < kCache; ++k) {
+    micro[k] = 0.f;
+    if (lane + 32 * k < groups) {
+      cache[k].Get(t, x);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) micro[k] = Nvfp4AmaxStep<kFast>(micro[k], x[i]);
+      amax = Nvfp4AmaxStep<kFast>(amax, micro[k]);
+    }
+  }
+  for (int g = lane + 32 * kCache; g < groups; g += 32) {
     const int token = gi.Token(g);
-    LoadGroup<kFast>(sl, t.sc, t.src, t.head, token, gi.Dim(g, token), t.src_scale, x);
+    LoadGroup<kFast, kSrc16>(sl, t.sc, t.src, t.head, token, gi.Dim(g, token), t.src_scale, x);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      amax = AmaxStep<kFast>(amax, x[i]);
-      if (kFast) sum += x[i];
-    }
+    for (int i = 0; i < 16; ++i) amax = Nvfp4AmaxStep<kFast>(amax, x[i]);
   }
-  if (kFast && __any_sync(kFullMask, !(fabsf(sum) <= FLT_MAX))) return false;
+  if (kFast && __any_sync(kFullMask, !(amax <= FLT_MAX))) return false;
   amax = WarpMax(amax);
   if (lane == 0) {
     *reinterpret_cast<float*>(t.dst + dl.ScaleOffset(t.dc, t.head, 0)) =
@@ -202,21 +274,21 @@ __device__ __forceinline__ bool Nvfp4BlockTile(const PageLayout& sl, const PageL
   }
   const float s_enc = codec::Nvfp4EncodeScale(amax);
 #pragma unroll
-  for (int k = 0; k < kCachedGroups; ++k) {
+  for (int k = 0; k < kCache; ++k) {
     const int g = lane + 32 * k;
     if (g < groups) {
       const int token = gi.Token(g);
-      StoreNvfp4Group<kFast>(dl, t, token, gi.Dim(g, token), cache[k], micro[k], s_enc);
+      cache[k].Get(t, x);
+      StoreNvfp4Group<kFast>(dl, t, token, gi.Dim(g, token), x, micro[k], s_enc);
     }
   }
-  for (int g = lane + 32 * kCachedGroups; g < groups; g += 32) {
-    float x[16];
+  for (int g = lane + 32 * kCache; g < groups; g += 32) {
     const int token = gi.Token(g);
     const int d0 = gi.Dim(g, token);
-    LoadGroup<kFast>(sl, t.sc, t.src, t.head, token, d0, t.src_scale, x);
+    LoadGroup<kFast, kSrc16>(sl, t.sc, t.src, t.head, token, d0, t.src_scale, x);
     float micro_amax = 0.f;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) micro_amax = AmaxStep<kFast>(micro_amax, x[i]);
+    for (int i = 0; i < 16; ++i) micro_amax = Nvfp4AmaxStep<kFast>(micro_amax, x[i]);
     StoreNvfp4Group<kFast>(dl, t, token, d0, x, micro_amax, s_enc);
   }
   return true;
@@ -226,24 +298,20 @@ __device__ __forceinline__ bool Nvfp4BlockTile(const PageLayout& sl, const PageL
 
 // Returns false, having written nothing, when kFast and the tile holds a NaN or an Inf.
 // A lane owns a channel pair (d, d + 1) of a 16-token segment: one output byte per token.
-template <bool kFast>
-__device__ __forceinline__ bool Nvfp4ChannelTile(const PageLayout& sl, const PageLayout& dl, const Tile& t,
-                                 int lane) {
+template <bool kFast, bool kSrc16>
+__device__ __forceinline__ bool Nvfp4ChannelTile(const PageLayout& sl, const PageLayout& dl,
+                                                 const Tile& t, int lane) {
   const GroupIndex gi(sl.head_dim);
   const int groups = sl.tokens * static_cast<int>(gi.per_token);
   float amax = 0.f;
-  float sum = 0.f;
   for (int g = lane; g < groups; g += 32) {
     float x[16];
     const int token = gi.Token(g);
-    LoadGroup<kFast>(sl, t.sc, t.src, t.head, token, gi.Dim(g, token), t.src_scale, x);
+    LoadGroup<kFast, kSrc16>(sl, t.sc, t.src, t.head, token, gi.Dim(g, token), t.src_scale, x);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      amax = AmaxStep<kFast>(amax, x[i]);
-      if (kFast) sum += x[i];
-    }
+    for (int i = 0; i < 16; ++i) amax = Nvfp4AmaxStep<kFast>(amax, x[i]);
   }
-  if (kFast && __any_sync(kFullMask, !(fabsf(sum) <= FLT_MAX))) return false;
+  if (kFast && __any_sync(kFullMask, !(amax <= FLT_MAX))) return false;
   amax = WarpMax(amax);
   if (lane == 0) {
     *reinterpret_cast<float*>(t.dst + dl.ScaleOffset(t.dc, t.head, 0)) =
@@ -259,23 +327,22 @@ __device__ __forceinline__ bool Nvfp4ChannelTile(const PageLayout& sl, const Pag
     float a0 = 0.f, a1 = 0.f;
 #pragma unroll
     for (int i = 0; i < kMicroBlock; ++i) {
-      x0[i] = LoadElement<kFast>(sl, t.sc, t.src, t.head, t0 + i, d, t.src_scale);
-      x1[i] = LoadElement<kFast>(sl, t.sc, t.src, t.head, t0 + i, d + 1, t.src_scale);
-      a0 = AmaxStep<kFast>(a0, x0[i]);
-      a1 = AmaxStep<kFast>(a1, x1[i]);
+      x0[i] = LoadElement<kFast, kSrc16>(sl, t.sc, t.src, t.head, t0 + i, d, t.src_scale);
+      x1[i] = LoadElement<kFast, kSrc16>(sl, t.sc, t.src, t.head, t0 + i, d + 1, t.src_scale);
+      a0 = Nvfp4AmaxStep<kFast>(a0, x0[i]);
+      a1 = Nvfp4AmaxStep<kFast>(a1, x1[i]);
     }
-    const uint8_t sf0 = codec::Nvfp4MicroScale(s_enc, a0);
-    const uint8_t sf1 = codec::Nvfp4MicroScale(s_enc, a1);
-    t.dst[dl.MicroOffset(t.dc, t.head, t0, d)] = sf0;
-    t.dst[dl.MicroOffset(t.dc, t.head, t0, d + 1)] = sf1;
-    const float m0 = s_enc / codec::E4M3ToFloat(sf0);
-    const float m1 = s_enc / codec::E4M3ToFloat(sf1);
-    const bool ok0 = m0 > 0.f && m0 <= FLT_MAX;
-    const bool ok1 = m1 > 0.f && m1 <= FLT_MAX;
+    float m0, m1;
+    t.dst[dl.MicroOffset(t.dc, t.head, t0, d)] = MicroScale<kFast>(s_enc, a0, &m0);
+    t.dst[dl.MicroOffset(t.dc, t.head, t0, d + 1)] = MicroScale<kFast>(s_enc, a1, &m1);
+    const uint32_t mask0 = m0 > 0.f ? 0xFu : 0u;
+    const uint32_t mask1 = m1 > 0.f ? 0xF0u : 0u;
 #pragma unroll
     for (int i = 0; i < kMicroBlock; ++i) {
-      t.dst[dl.PayloadOffset(t.dc, t.head, t0 + i) + d / 2] = static_cast<uint8_t>(
-          (ok0 ? E2M1<kFast>(x0[i] * m0) : 0u) | ((ok1 ? E2M1<kFast>(x1[i] * m1) : 0u) << 4));
+      const uint32_t q0 = kFast ? FastE2M1(x0[i] * m0) : codec::FloatToE2M1(x0[i] * m0);
+      const uint32_t q1 = kFast ? FastE2M1(x1[i] * m1) : codec::FloatToE2M1(x1[i] * m1);
+      t.dst[dl.PayloadOffset(t.dc, t.head, t0 + i) + d / 2] =
+          static_cast<uint8_t>((q0 & mask0) | ((q1 << 4) & mask1));
     }
   }
   return true;
@@ -283,8 +350,8 @@ __device__ __forceinline__ bool Nvfp4ChannelTile(const PageLayout& sl, const Pag
 
 // ---- Token-wise destination codecs: a lane per token, exact codec functions ----
 
-__device__ __forceinline__ void RowWiseTile(const PageLayout& sl, const PageLayout& dl, const Tile& t,
-                            int lane) {
+__device__ __forceinline__ void RowWiseTile(const PageLayout& sl, const PageLayout& dl,
+                                            const Tile& t, int lane) {
   for (int token = lane; token < sl.tokens; token += 32) {
     EncodeRowChunked(dl, t.dc, t.dst, t.head, token, t.dst_scale, [&](int d0, float* x) {
       LoadGroup<false>(sl, t.sc, t.src, t.head, token, d0, t.src_scale, x);
@@ -292,8 +359,29 @@ __device__ __forceinline__ void RowWiseTile(const PageLayout& sl, const PageLayo
   }
 }
 
-template <bool kFast>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+// The exact codec path, out of line so that its registers do not weigh on the fast path.
+__device__ __noinline__ void ExactTile(const PageLayout& sl, const PageLayout& dl, Tile t,
+                                       int lane) {
+  switch (KindOf(t.dc)) {
+    case DstKind::kRowWise:
+      RowWiseTile(sl, dl, t, lane);
+      return;
+    case DstKind::kFp8Block:
+      Fp8BlockTile<false, false>(sl, dl, t, lane);
+      return;
+    case DstKind::kNvfp4Block:
+      Nvfp4BlockTile<false, false>(sl, dl, t, lane);
+      return;
+    case DstKind::kNvfp4Channel:
+      Nvfp4ChannelTile<false, false>(sl, dl, t, lane);
+      return;
+  }
+}
+
+// kSrc16: both sides of the source format are FP16 or BF16 (the common demotion from the hot
+// format), which compiles the other source codecs out of the hot loop.
+template <bool kFast, bool kSrc16>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kSrc16 ? kMinBlocksPerSm : 2)
     RequantizeKernel(const __grid_constant__ RequantizeParams p) {
   const uint64_t item =
       static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -317,26 +405,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   t.head = head;
   t.src_scale = side == 0 ? pools.src_k_scale : pools.src_v_scale;
   t.dst_scale = side == 0 ? pools.dst_k_scale : pools.dst_v_scale;
-  switch (KindOf(t.dc)) {
-    case DstKind::kRowWise:
-      RowWiseTile(p.src, p.dst, t, lane);
-      return;
-    case DstKind::kFp8Block:
-      if (!kFast || !Fp8BlockTile<true>(p.src, p.dst, t, lane)) {
-        Fp8BlockTile<false>(p.src, p.dst, t, lane);
-      }
-      return;
-    case DstKind::kNvfp4Block:
-      if (!kFast || !Nvfp4BlockTile<true>(p.src, p.dst, t, lane)) {
-        Nvfp4BlockTile<false>(p.src, p.dst, t, lane);
-      }
-      return;
-    case DstKind::kNvfp4Channel:
-      if (!kFast || !Nvfp4ChannelTile<true>(p.src, p.dst, t, lane)) {
-        Nvfp4ChannelTile<false>(p.src, p.dst, t, lane);
-      }
-      return;
+  if (kFast) {
+    switch (KindOf(t.dc)) {
+      case DstKind::kFp8Block:
+        if (Fp8BlockTile<true, kSrc16>(p.src, p.dst, t, lane)) return;
+        break;
+      case DstKind::kNvfp4Block:
+        if (Nvfp4BlockTile<true, kSrc16>(p.src, p.dst, t, lane)) return;
+        break;
+      case DstKind::kNvfp4Channel:
+        if (Nvfp4ChannelTile<true, kSrc16>(p.src, p.dst, t, lane)) return;
+        break;
+      case DstKind::kRowWise:
+        break;
+    }
   }
+  ExactTile(p.src, p.dst, t, lane);
 }
 
 }  // namespace
@@ -348,10 +432,15 @@ cudaError_t LaunchRequantize(const RequantizeParams& p, cudaStream_t stream) {
   const uint64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 0x7FFFFFFFull) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(blocks));
-  if (p.fast) {
-    RequantizeKernel<true><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
+  auto is16 = [](const CodecLayout& c) {
+    return c.type == ElementType::kFp16 || c.type == ElementType::kBf16;
+  };
+  if (!p.fast) {
+    RequantizeKernel<false, false><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
+  } else if (is16(p.src.k) && is16(p.src.v)) {
+    RequantizeKernel<true, true><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
   } else {
-    RequantizeKernel<false><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
+    RequantizeKernel<true, false><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

@@ -38,6 +38,11 @@ __global__ void SelfCheckKernel(unsigned long long* counts, unsigned int* first)
             __float_as_uint(codec::HalfToFloat(static_cast<uint16_t>(u)))) {
       Mismatch(counts, first, 2, u);
     }
+    if (u < 0x100u && (u & 0x7Fu) != 0x7Fu &&
+        __float_as_uint(FastE4M3ToFloat(u)) !=
+            __float_as_uint(codec::E4M3ToFloat(static_cast<uint8_t>(u)))) {
+      Mismatch(counts, first, 3, u);
+    }
   }
 }
 

@@ -34,13 +34,13 @@ __device__ __forceinline__ float RowScale(const PageLayout& l, const CodecLayout
 }
 
 // x[i] = element d0 + i of (head, token), i < 16, as DecodeRow computes it.
-// REQUIRES: d0 % 16 == 0.
-template <bool kFast>
+// REQUIRES: d0 % 16 == 0; with kOnly16, c is FP16 or BF16 (the other codecs are compiled out).
+template <bool kFast, bool kOnly16 = false>
 __device__ __forceinline__ void LoadGroup(const PageLayout& l, const CodecLayout& c,
                                           const uint8_t* page, int head, int token, int d0,
                                           float tensor_scale, float x[16]) {
   const uint8_t* row = page + l.PayloadOffset(c, head, token);
-  switch (c.type) {
+  switch (kOnly16 ? ElementType::kFp16 : c.type) {
     case ElementType::kFp16:
     case ElementType::kBf16: {
       const uint4 a = *reinterpret_cast<const uint4*>(row + d0 * 2);
@@ -58,9 +58,12 @@ __device__ __forceinline__ void LoadGroup(const PageLayout& l, const CodecLayout
       const float scale = RowScale(l, c, page, head, token, tensor_scale);
       const uint4 q = *reinterpret_cast<const uint4*>(row + d0);
       const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+      // The fast E4M3 decode differs from the codec only in NaN payloads (see Decode16).
+      const bool fast = kFast && c.type == ElementType::kFp8E4M3;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        x[i] = DecodeFp8(c.type, static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)))) * scale;
+        const uint8_t code = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
+        x[i] = (fast ? FastE4M3ToFloat(code) : DecodeFp8(c.type, code)) * scale;
       }
       return;
     }
@@ -81,12 +84,12 @@ __device__ __forceinline__ void LoadGroup(const PageLayout& l, const CodecLayout
 }
 
 // Element `dim` of (head, token), as DecodeRow computes it.
-template <bool kFast>
+template <bool kFast, bool kOnly16 = false>
 __device__ __forceinline__ float LoadElement(const PageLayout& l, const CodecLayout& c,
                                              const uint8_t* page, int head, int token, int dim,
                                              float tensor_scale) {
   const uint8_t* row = page + l.PayloadOffset(c, head, token);
-  switch (c.type) {
+  switch (kOnly16 ? ElementType::kFp16 : c.type) {
     case ElementType::kFp16:
     case ElementType::kBf16:
       return Decode16<kFast>(c.type, reinterpret_cast<const uint16_t*>(row)[dim]);

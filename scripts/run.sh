@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds kvtier (Release) and runs the kvtier tool on the CPU backend.
-# Arguments are passed to the tool; with none it runs `kvtier demo`.
+# Arguments are passed to the tool; with none it runs `kvtier simulate` (about a minute on 2
+# cores): the balanced policy against all-FP16 on a long-context chat workload, with a report,
+# kvtier_simulate.svg and kvtier_simulate.json in the current folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_BUILD_TESTS=OFF \
   -DKVTIER_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build build-release -j "$(nproc)" --target kvtier_tool
-exec build-release/kvtier "${@:-demo}"
+if [ $# -eq 0 ]; then set -- simulate --json kvtier_simulate.json; fi
+exec build-release/kvtier "$@"

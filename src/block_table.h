@@ -31,6 +31,8 @@ struct BlockMeta {
   BlockState state = BlockState::kFree;
   uint8_t vote_tier = 0;       // a shared block moves to this tier once votes reach ref_count
   uint16_t votes = 0;          // sharers whose age for the block has crossed into vote_tier
+  uint32_t born_ms = 0;        // cache clock at allocation
+  uint32_t idle_since_ms = 0;  // cache clock when it was last cached
 };
 
 class BlockTable {

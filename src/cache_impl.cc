@@ -202,21 +202,30 @@ bool CacheImpl::EvictOne() {
   }
   cached_by_format_[m.format] -= 1;
   evicted_blocks_ += 1;
+  idle_before_evict_seconds_.Observe((NowMs() - m.idle_since_ms) / 1e3);
   FreeBlock(b);
   return true;
 }
 
 void CacheImpl::FreeBlock(uint32_t block) {
   BlockMeta& m = blocks_[block];
+  block_lifetime_seconds_.Observe((NowMs() - m.born_ms) / 1e3);
   pools_[m.format].SetOwner(m.page, PagePool::kPending);
   reclaim_.Push(m.format, m.page);
   blocks_.Free(block);
+}
+
+uint32_t CacheImpl::NowMs() const {
+  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now() - created_)
+                                   .count());
 }
 
 uint32_t CacheImpl::NewBlock(int format) {
   PagePool& pool = pools_[format];
   const uint32_t block = blocks_.Allocate(static_cast<uint8_t>(format), 0);
   blocks_[block].page = pool.Allocate(block);
+  blocks_[block].born_ms = NowMs();
   return block;
 }
 
@@ -228,6 +237,7 @@ void CacheImpl::DropRef(uint32_t block, const Sequence& seq) {
     return;
   }
   m.state = BlockState::kCached;
+  m.idle_since_ms = NowMs();
   m.priority = static_cast<uint8_t>(seq.priority);
   m.expires_at = seq.priority_ttl_steps < 0 ? Evictor::kNever : steps_ + seq.priority_ttl_steps;
   cached_by_format_[m.format] += 1;
@@ -627,6 +637,7 @@ absl::Status CacheImpl::DemoteLocked(absl::Span<const uint32_t> ids, int format)
   if (ids.empty()) return absl::OkStatus();
   // Demotion never evicts cached prefixes to make room: it is what pressure does first.
   KVTIER_RETURN_IF_ERROR(EnsureFreePages(format, static_cast<uint32_t>(ids.size()), false));
+  const auto started = std::chrono::steady_clock::now();
   const int layers = options_.geometry.num_layers;
   std::vector<PoolView> from, to;
   std::vector<uint32_t> src, dst;
@@ -670,6 +681,8 @@ absl::Status CacheImpl::DemoteLocked(absl::Span<const uint32_t> ids, int format)
       b.page = dst[next++];
     }
   }
+  migration_seconds_.Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   RetireSynchronous();
   return absl::OkStatus();
 }
@@ -752,6 +765,9 @@ CacheStats CacheImpl::GetStats() const {
   s.under_pressure = under_pressure_;
   s.demotions_under_pressure = demotions_under_pressure_;
   s.policy_demotion_failures = policy_demotion_failures_;
+  s.migration_seconds = migration_seconds_.stats();
+  s.block_lifetime_seconds = block_lifetime_seconds_.stats();
+  s.block_idle_before_evict_seconds = idle_before_evict_seconds_.stats();
   for (const MigrationStats& m : migrations_) {
     if (m.blocks > 0) s.migrations.push_back(m);
   }
@@ -775,8 +791,9 @@ CacheStats CacheImpl::GetStats() const {
   }
   double bits = 0, blocks = 0;
   for (const FormatStats& fs : s.formats) {
+    s.used_bytes += fs.blocks_in_use * fs.page_bytes * g.num_layers;
+    s.cached_bytes += fs.blocks_cached * fs.page_bytes * g.num_layers;
     const int64_t live = fs.blocks_in_use + fs.blocks_cached;
-    s.used_bytes += live * fs.page_bytes * g.num_layers;
     bits += live * fs.bits_per_element;
     blocks += live;
   }

@@ -3,6 +3,7 @@
 #ifndef KVTIER_SRC_CACHE_IMPL_H_
 #define KVTIER_SRC_CACHE_IMPL_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "src/backend.h"
 #include "src/block_table.h"
 #include "src/evictor.h"
+#include "src/histogram.h"
 #include "src/page_pool.h"
 #include "src/prefix_index.h"
 #include "src/reclaim_queue.h"
@@ -141,6 +143,13 @@ class CacheImpl final : public Cache {
   std::vector<std::vector<uint32_t>> demote_queue_ ABSL_GUARDED_BY(mu_);  // [target format]
   int64_t demotions_under_pressure_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t policy_demotion_failures_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Residency and migration timing, on a millisecond clock from creation.
+  uint32_t NowMs() const;
+  const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
+  Histogram migration_seconds_ ABSL_GUARDED_BY(mu_){Histogram::Exponential(1e-5, 4, 10)};
+  Histogram block_lifetime_seconds_ ABSL_GUARDED_BY(mu_){Histogram::Exponential(0.01, 4, 12)};
+  Histogram idle_before_evict_seconds_ ABSL_GUARDED_BY(mu_){Histogram::Exponential(0.01, 4, 12)};
   ReclaimQueue reclaim_ ABSL_GUARDED_BY(mu_);
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;

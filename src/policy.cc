@@ -75,7 +75,7 @@ absl::StatusOr<Policy> PolicyPreset(absl::string_view name) {
   if (name == "fp16") return MakePreset("fp16", {{"fp16", -1}}, 0);
   if (name == "fp8") return MakePreset("fp8", {{"fp16", 16}, {"fp8_e4m3/block_head", -1}}, 4);
   if (name == "balanced") {
-    return MakePreset("balanced", {{"fp16", 256}, {"fp8_e4m3/block_head", 4096}, {kNvfp4Kv, -1}}, 4);
+    return MakePreset("balanced", {{"fp16", 256}, {"fp8_e4m3/block_head", 2048}, {kNvfp4Kv, -1}}, 4);
   }
   if (name == "max_capacity") return MakePreset("max_capacity", {{"fp16", 16}, {kNvfp4Kv, -1}}, 4);
   return absl::NotFoundError(absl::StrCat("no policy preset '", name, "' (",

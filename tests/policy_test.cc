@@ -26,7 +26,7 @@ TEST(PolicyTest, PresetsAreValidAndRoundTripThroughJson) {
   EXPECT_EQ(PolicyPreset("turbo").status().code(), absl::StatusCode::kNotFound);
   const Policy balanced = *PolicyPreset("balanced");
   ASSERT_EQ(balanced.tiers.size(), 3u);
-  EXPECT_EQ(balanced.tiers[1].max_age_tokens, 4096);
+  EXPECT_EQ(balanced.tiers[1].max_age_tokens, 2048);
 }
 
 TEST(PolicyTest, InvalidPoliciesNameTheField) {

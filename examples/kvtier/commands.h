@@ -7,6 +7,8 @@ namespace kvtier::tool {
 
 int RunDemo(int argc, char** argv);
 int RunFormats(int argc, char** argv);
+int RunSimulate(int argc, char** argv);
+int RunRecall(int argc, char** argv);
 
 }  // namespace kvtier::tool
 

@@ -1,6 +1,8 @@
 // kvtier: the command-line tool. Subcommands:
-//   kvtier demo        an end-to-end tour of the public API on the CPU backend
+//   kvtier simulate    replay a serving workload under a policy (the default)
+//   kvtier recall      find where recall degrades, per format and policy
 //   kvtier formats     measured error and bits per element of every format
+//   kvtier demo        an end-to-end tour of the public API on the CPU backend
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -13,17 +15,22 @@ void Usage(FILE* out) {
   std::fprintf(out,
                "usage: kvtier <command> [options]\n"
                "commands:\n"
-               "  demo     an end-to-end tour of the public API on the CPU backend\n"
-               "  formats  measured error and bits per element of every format (Markdown)\n"
-               "  help     this text\n");
+               "  simulate  replay a serving workload under a precision policy (default)\n"
+               "  recall    find where recall degrades, per format and policy\n"
+               "  formats   measured error and bits per element of every format (Markdown)\n"
+               "  demo      an end-to-end tour of the public API on the CPU backend\n"
+               "  help      this text\n"
+               "Run 'kvtier <command> --help' for a command's options.\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string command = argc > 1 ? argv[1] : "demo";
+  const std::string command = argc > 1 ? argv[1] : "simulate";
+  if (command == "simulate") return kvtier::tool::RunSimulate(argc - 1, argv + 1);
   if (command == "demo") return kvtier::tool::RunDemo(argc - 1, argv + 1);
   if (command == "formats") return kvtier::tool::RunFormats(argc - 1, argv + 1);
+  if (command == "recall") return kvtier::tool::RunRecall(argc - 1, argv + 1);
   if (command == "help" || command == "--help" || command == "-h") {
     Usage(stdout);
     return 0;

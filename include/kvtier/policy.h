@@ -13,7 +13,7 @@
 // JSON form (every field optional but `tiers`):
 //   {"name": "balanced",
 //    "tiers": [{"format": "fp16", "max_age_tokens": 256},
-//              {"format": "fp8_e4m3/block_head", "max_age_tokens": 4096},
+//              {"format": "fp8_e4m3/block_head", "max_age_tokens": 2048},
 //              {"format": "k:nvfp4_channel/block_head,v:nvfp4/block_head"}],
 //    "sink_tokens": 4, "pressure_watermark": 0.05, "pressure_window_scale": 0.5}
 #ifndef KVTIER_POLICY_H_

@@ -29,13 +29,24 @@ struct MigrationStats {
   int64_t bytes = 0;  // bytes read plus written, all layers
 };
 
+// A histogram with fixed bucket bounds: counts[i] observations <= bounds[i] (and above
+// bounds[i-1]); counts.back() holds those above every bound.
+struct HistogramStats {
+  std::vector<double> bounds;
+  std::vector<int64_t> counts;  // [bounds.size() + 1]
+  double sum = 0;
+  int64_t count = 0;
+};
+
 struct CacheStats {
   int64_t budget_bytes = 0;
   int64_t slab_bytes = 0;             // per layer
   int64_t slabs_total = 0;            // per layer
   int64_t slabs_free = 0;             // not mapped into any pool
-  int64_t used_bytes = 0;             // bytes of pages holding blocks, all formats and layers
-  double usage_ratio = 0;             // used_bytes / budget_bytes
+  int64_t used_bytes = 0;             // bytes of pages of in-use blocks, all formats and layers
+  int64_t cached_bytes = 0;           // bytes of pages of cached (evictable) blocks
+  double usage_ratio = 0;             // used_bytes / budget_bytes (cached blocks count as free,
+                                      // as in vLLM's kv_cache_usage_perc)
   double effective_bits_per_element = 0;  // over all live blocks; 0 when there are none
   int64_t sequences = 0;
   int64_t tokens = 0;                 // summed over live sequences
@@ -59,6 +70,9 @@ struct CacheStats {
   bool under_pressure = false;        // the policy's windows are shrunk
   int64_t demotions_under_pressure = 0;  // blocks demoted while under pressure
   int64_t policy_demotion_failures = 0;  // planned demotions that found no room (retried later)
+  HistogramStats migration_seconds;       // wall time of each demotion batch on the host
+  HistogramStats block_lifetime_seconds;  // allocation to free, for freed blocks
+  HistogramStats block_idle_before_evict_seconds;  // cached (unreferenced) time of evicted blocks
   std::vector<MigrationStats> migrations;  // pairs with at least one block
 };
 

@@ -64,12 +64,21 @@ KVTIER_HD uint8_t Nvfp4MicroScale(float s_enc, float micro_amax) {
 
 // The E2M1 nibble of x. REQUIRES: s_enc from Nvfp4EncodeScale and `micro_scale_e4m3` from
 // Nvfp4MicroScale (anything else that is not a positive finite multiple encodes as 0).
-KVTIER_HD uint8_t Nvfp4EncodeValue(float x, float s_enc, uint8_t micro_scale_e4m3) {
+// The per-micro-block multiplier S_enc / sf of the value step, or 0 when the micro-block
+// encodes as zeros (sf == 0, S_enc == 0, or an overflowing ratio). Computing it once per
+// micro-block gives the same codes as Nvfp4EncodeValue.
+KVTIER_HD float Nvfp4EncodeMultiplier(float s_enc, uint8_t micro_scale_e4m3) {
   const float m = s_enc / E4M3ToFloat(micro_scale_e4m3);
-  return m > 0.f && m <= FLT_MAX ? FloatToE2M1(x * m) : 0;
+  return m > 0.f && m <= FLT_MAX ? m : 0.f;
 }
 
-// x' = (e2m1 * sf) * decode_scale, decode_scale from Nvfp4DecodeScale.
+// e2m1(x * m) for a multiplier from Nvfp4EncodeMultiplier; 0 when m is 0.
+KVTIER_HD uint8_t Nvfp4EncodeScaled(float x, float m) { return m > 0.f ? FloatToE2M1(x * m) : 0; }
+
+KVTIER_HD uint8_t Nvfp4EncodeValue(float x, float s_enc, uint8_t micro_scale_e4m3) {
+  return Nvfp4EncodeScaled(x, Nvfp4EncodeMultiplier(s_enc, micro_scale_e4m3));
+}
+
 KVTIER_HD float Nvfp4DecodeValue(uint8_t nibble, uint8_t micro_scale_e4m3,
                                  float decode_scale) {
   return (E2M1ToFloat(nibble) * E4M3ToFloat(micro_scale_e4m3)) * decode_scale;

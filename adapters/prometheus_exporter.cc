@@ -1,0 +1,117 @@
+#include "adapters/prometheus_exporter.h"
+
+#include <deque>
+#include <iterator>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace kvtier {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+class Builder {
+ public:
+  MetricFamily& Family(const std::string& name, const std::string& help, MetricType type) {
+    families_.push_back(MetricFamily{name, help, type, {}});
+    return families_.back();
+  }
+  void Gauge(const std::string& name, const std::string& help, double value) {
+    Add(Family(name, help, MetricType::Gauge), {}, value);
+  }
+  void Counter(const std::string& name, const std::string& help, double value) {
+    Add(Family(name, help, MetricType::Counter), {}, value);
+  }
+  static void Add(MetricFamily& family, std::vector<ClientMetric::Label> labels, double value) {
+    ClientMetric m;
+    m.label = std::move(labels);
+    if (family.type == MetricType::Counter) {
+      m.counter.value = value;
+    } else {
+      m.gauge.value = value;
+    }
+    family.metric.push_back(std::move(m));
+  }
+  void Histogram(const std::string& name, const std::string& help, const HistogramStats& h) {
+    ClientMetric m;
+    m.histogram.sample_count = static_cast<uint64_t>(h.count);
+    m.histogram.sample_sum = h.sum;
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      cumulative += static_cast<uint64_t>(h.counts[i]);
+      m.histogram.bucket.push_back({cumulative, h.bounds[i]});
+    }
+    m.histogram.bucket.push_back({static_cast<uint64_t>(h.count), std::numeric_limits<double>::infinity()});
+    Family(name, help, MetricType::Histogram).metric.push_back(std::move(m));
+  }
+  std::vector<MetricFamily> Take() {
+    return std::vector<MetricFamily>(std::make_move_iterator(families_.begin()),
+                                     std::make_move_iterator(families_.end()));
+  }
+
+ private:
+  std::deque<MetricFamily> families_;  // a deque: references from Family() stay valid
+};
+
+}  // namespace
+
+std::vector<MetricFamily> MetricFamilies(const Options& options, const CacheStats& s) {
+  Builder b;
+  b.Gauge("kvtier_usage_ratio", "Bytes of in-use blocks over the memory budget (cached blocks count as free).", s.usage_ratio);
+  b.Gauge("kvtier_cached_bytes", "Bytes of cached, evictable prefix blocks.", static_cast<double>(s.cached_bytes));
+  b.Gauge("kvtier_capacity_bytes", "The memory budget in bytes.", static_cast<double>(s.budget_bytes));
+  MetricFamily& blocks = b.Family("kvtier_blocks", "Blocks by format and state (free: free pages of the format's mapped slabs).", MetricType::Gauge);
+  MetricFamily& bytes = b.Family("kvtier_bytes", "Bytes of slabs mapped into each format's pools.", MetricType::Gauge);
+  for (const FormatStats& f : s.formats) {
+    Builder::Add(blocks, {{"format", f.name}, {"state", "in_use"}}, static_cast<double>(f.blocks_in_use));
+    Builder::Add(blocks, {{"format", f.name}, {"state", "cached"}}, static_cast<double>(f.blocks_cached));
+    Builder::Add(blocks, {{"format", f.name}, {"state", "free"}}, static_cast<double>(f.pages_mapped - f.pages_used));
+    Builder::Add(bytes, {{"format", f.name}}, static_cast<double>(f.bytes));
+  }
+  b.Gauge("kvtier_effective_bits_per_element", "Payload plus scale bits per stored K/V element over live blocks.", s.effective_bits_per_element);
+  b.Gauge("kvtier_sequences", "Live sequences.", static_cast<double>(s.sequences));
+  b.Gauge("kvtier_tokens", "Tokens held by live sequences.", static_cast<double>(s.tokens));
+  b.Gauge("kvtier_under_pressure", "1 while the policy's windows are shrunk by memory pressure.", s.under_pressure ? 1 : 0);
+  MetricFamily& slabs = b.Family("kvtier_slabs", "Slabs of the budget (per layer) by state.", MetricType::Gauge);
+  Builder::Add(slabs, {{"state", "free"}}, static_cast<double>(s.slabs_free));
+  Builder::Add(slabs, {{"state", "mapped"}}, static_cast<double>(s.slabs_total - s.slabs_free));
+  b.Counter("kvtier_prefix_queried_tokens_total", "Prompt tokens looked up in the prefix cache.", static_cast<double>(s.prefix_queried_tokens));
+  b.Counter("kvtier_prefix_hit_tokens_total", "Prompt tokens found in the prefix cache.", static_cast<double>(s.prefix_hit_tokens));
+  b.Counter("kvtier_prefix_hit_blocks_total", "Whole prompt blocks found in the prefix cache.", static_cast<double>(s.prefix_hit_blocks));
+  b.Counter("kvtier_prefix_missed_blocks_total", "Whole prompt blocks not found.", static_cast<double>(s.prefix_missed_blocks));
+  MetricFamily& evicted = b.Family("kvtier_evicted_blocks_total", "Cached blocks dropped from the prefix cache.", MetricType::Counter);
+  Builder::Add(evicted, {{"reason", "capacity"}}, static_cast<double>(s.evicted_blocks));
+  MetricFamily& migrated = b.Family("kvtier_migrated_blocks_total", "Blocks demoted from one format to another.", MetricType::Counter);
+  MetricFamily& migrated_bytes = b.Family("kvtier_migrated_bytes_total", "Bytes read plus written by demotions.", MetricType::Counter);
+  for (const MigrationStats& m : s.migrations) {
+    const std::vector<ClientMetric::Label> labels = {{"from", s.formats[m.from].name}, {"to", s.formats[m.to].name}};
+    Builder::Add(migrated, labels, static_cast<double>(m.blocks));
+    Builder::Add(migrated_bytes, labels, static_cast<double>(m.bytes));
+  }
+  b.Histogram("kvtier_migration_duration_seconds", "Wall time of one demotion batch on the host.", s.migration_seconds);
+  b.Counter("kvtier_demotions_under_pressure_total", "Blocks demoted while the watermark was breached.", static_cast<double>(s.demotions_under_pressure));
+  MetricFamily& failures = b.Family("kvtier_allocation_failures_total", "Calls answered ResourceExhausted.", MetricType::Counter);
+  Builder::Add(failures, {{"reason", "budget"}}, static_cast<double>(s.allocation_failures));
+  b.Counter("kvtier_nonfinite_values_total", "NaN or Inf values seen by the append path.", static_cast<double>(s.nonfinite_values));
+  b.Histogram("kvtier_block_lifetime_seconds", "Time from a block's allocation to its free.", s.block_lifetime_seconds);
+  b.Histogram("kvtier_block_idle_before_evict_seconds", "Time an evicted block spent cached and unreferenced.", s.block_idle_before_evict_seconds);
+  std::vector<std::string> palette;
+  for (const FormatStats& f : s.formats) palette.push_back(f.name);
+  const Geometry& g = options.geometry;
+  MetricFamily& info = b.Family("kvtier_cache_info", "Configuration of the cache (always 1).", MetricType::Gauge);
+  Builder::Add(info, {{"block_tokens", absl::StrCat(g.block_tokens)}, {"layers", absl::StrCat(g.num_layers)},
+                      {"kv_heads", absl::StrCat(g.num_kv_heads)}, {"head_dim", absl::StrCat(g.head_dim)},
+                      {"palette", absl::StrJoin(palette, ";")}, {"policy", s.policy}}, 1);
+  return b.Take();
+}
+
+std::vector<MetricFamily> CacheCollectable::Collect() const {
+  return MetricFamilies(cache_->options(), cache_->GetStats());
+}
+
+}  // namespace kvtier

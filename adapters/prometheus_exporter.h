@@ -1,0 +1,35 @@
+// An optional Prometheus exporter: a prometheus::Collectable that turns a cache's stats snapshot
+// into metric families on each scrape (the names of docs/metrics.md). The library opens no port:
+// the engine registers the collectable with its own prometheus::Registry or Exposer.
+//
+//   auto metrics = std::make_shared<kvtier::CacheCollectable>(cache.get());
+//   exposer.RegisterCollectable(metrics);
+//
+// Thread-safe: Collect() only calls Cache::GetStats(). REQUIRES: the cache outlives the
+// collectable, or the collectable is unregistered first.
+#ifndef KVTIER_ADAPTERS_PROMETHEUS_EXPORTER_H_
+#define KVTIER_ADAPTERS_PROMETHEUS_EXPORTER_H_
+
+#include <vector>
+
+#include "kvtier/cache.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+
+namespace kvtier {
+
+class CacheCollectable : public prometheus::Collectable {
+ public:
+  explicit CacheCollectable(const Cache* cache) : cache_(cache) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const Cache* const cache_;
+};
+
+// The families for one stats snapshot; Collect() is MetricFamilies(options, GetStats()).
+std::vector<prometheus::MetricFamily> MetricFamilies(const Options& options, const CacheStats& stats);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_ADAPTERS_PROMETHEUS_EXPORTER_H_

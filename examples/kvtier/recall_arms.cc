@@ -1,0 +1,204 @@
+#include "examples/kvtier/recall_arms.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "src/attention/reference_attention.h"
+
+namespace kvtier::tool {
+namespace {
+
+FormatSpec Format(const char* name) { return *ParseFormat(name); }
+
+bool HasTensorScope(const std::vector<FormatSpec>& palette) {
+  for (const FormatSpec& f : palette) {
+    if (f.k.scope == ScaleScope::kTensor || f.v.scope == ScaleScope::kTensor) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Arm SingleFormatArm(const FormatSpec& cold) {
+  Arm arm;
+  arm.name = FormatName(cold);
+  arm.palette = {Format("fp16")};
+  if (cold != arm.palette[0]) arm.palette.push_back(cold);
+  const int32_t last = static_cast<int32_t>(arm.palette.size()) - 1;
+  arm.format_of = [last](int64_t, int64_t, int32_t) { return last; };
+  return arm;
+}
+
+Arm ChainArm(const std::string& name, const std::vector<FormatSpec>& formats) {
+  Arm arm;
+  arm.name = name;
+  arm.palette = {Format("fp16")};
+  arm.palette.insert(arm.palette.end(), formats.begin(), formats.end());
+  const int32_t last = static_cast<int32_t>(arm.palette.size()) - 1;
+  arm.format_of = [last](int64_t, int64_t, int32_t) { return last; };
+  arm.step_through = true;
+  return arm;
+}
+
+Arm PolicyArm(const std::string& name, int64_t sink_tokens, int64_t hot_age, int64_t warm_age,
+              const FormatSpec& warm, const FormatSpec& cold) {
+  Arm arm;
+  arm.name = name;
+  arm.palette = {Format("fp16"), warm, cold};
+  arm.format_of = [=](int64_t block, int64_t length, int32_t block_tokens) -> int32_t {
+    const int64_t first = block * block_tokens;
+    const int64_t last = first + block_tokens - 1;
+    const int64_t age = length - 1 - last;
+    if (first < sink_tokens || age < hot_age) return 0;
+    return age < warm_age ? 1 : 2;
+  };
+  arm.step_through = true;
+  return arm;
+}
+
+std::vector<Arm> StandardArms() {
+  std::vector<Arm> arms;
+  for (const char* name :
+       {"fp16", "fp8_e4m3/tensor", "fp8_e4m3/block_head", "fp8_e4m3/token_head",
+        "fp8_e5m2/tensor", "fp8_e5m2/block_head", "fp8_e5m2/token_head", "nvfp4/tensor",
+        "nvfp4/block_head", "nvfp4_channel/block_head",
+        "k:nvfp4_channel/block_head,v:nvfp4/block_head"}) {
+    arms.push_back(SingleFormatArm(Format(name)));
+  }
+  arms.push_back(ChainArm("fp8_e4m3/block_head->nvfp4/block_head",
+                          {Format("fp8_e4m3/block_head"), Format("nvfp4/block_head")}));
+  arms.push_back(PolicyArm("balanced-like", /*sink_tokens=*/4, /*hot_age=*/256,
+                           /*warm_age=*/4096, Format("fp8_e4m3/block_head"),
+                           Format("k:nvfp4_channel/block_head,v:nvfp4/block_head")));
+  return arms;
+}
+
+absl::StatusOr<std::unique_ptr<ArmRunner>> ArmRunner::Create(const Arm& arm, int32_t kv_heads,
+                                                             int32_t head_dim, int64_t max_length,
+                                                             int64_t chunk_tokens) {
+  if (arm.palette.empty() || !arm.format_of) {
+    return absl::InvalidArgumentError(absl::StrCat("arm ", arm.name, " has no palette or rule"));
+  }
+  Options o;
+  o.geometry = Geometry{1, kv_heads, head_dim, 16};
+  o.palette = arm.palette;
+  if (arm.fixed_k_amax > 0 || arm.fixed_v_amax > 0) {
+    o.k_tensor_amax = {arm.fixed_k_amax > 0 ? arm.fixed_k_amax : 1.f};
+    o.v_tensor_amax = {arm.fixed_v_amax > 0 ? arm.fixed_v_amax : 1.f};
+  }
+  // Room for the whole trial in FP16 plus a chunk, and one slab per format for rounding.
+  const size_t fp16_token = static_cast<size_t>(kv_heads) * head_dim * 2 * 2;
+  const size_t need = fp16_token * static_cast<size_t>(max_length + 2 * chunk_tokens + 64) +
+                      o.slab_bytes * (2 * arm.palette.size() + 2);
+  o.memory_budget_bytes = (need + o.slab_bytes - 1) / o.slab_bytes * o.slab_bytes;
+  absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
+  if (!cache.ok()) {
+    return absl::Status(cache.status().code(),
+                        absl::StrCat("arm ", arm.name, ": ", cache.status().message()));
+  }
+  return std::unique_ptr<ArmRunner>(new ArmRunner(arm, std::move(*cache), chunk_tokens));
+}
+
+absl::Status ArmRunner::Write(const Trial& trial, SequenceId seq) {
+  const Geometry& g = cache_->options().geometry;
+  const size_t row = static_cast<size_t>(trial.kv_heads) * trial.head_dim;
+  const int32_t formats = static_cast<int32_t>(arm_.palette.size());
+  int64_t demoted_blocks = 0;
+  std::vector<std::vector<BlockId>> by_format(formats);
+  for (int64_t at = 0; at < trial.length; at += chunk_tokens_) {
+    const int64_t n = std::min(chunk_tokens_, trial.length - at);
+    slots_.clear();
+    absl::Status s = cache_->Append(seq, n, &slots_);
+    if (!s.ok()) return s;
+    const KVInput kv{DType::kFloat16, trial.k_half.data() + at * row,
+                     trial.v_half.data() + at * row, n, trial.kv_heads, trial.head_dim};
+    s = cache_->WriteKV(0, slots_, kv);
+    if (!s.ok()) return s;
+    // Full blocks of this chunk go to their final format.
+    const int64_t full = (at + n) / g.block_tokens;
+    if (full == demoted_blocks) continue;
+    absl::StatusOr<std::vector<BlockId>> blocks = cache_->SequenceBlocks(seq);
+    if (!blocks.ok()) return blocks.status();
+    for (auto& list : by_format) list.clear();
+    for (int64_t b = demoted_blocks; b < full; ++b) {
+      const int32_t f = arm_.format_of(b, trial.length, g.block_tokens);
+      if (f < 0 || f >= formats) {
+        return absl::InternalError(absl::StrCat("arm ", arm_.name, " sent block ", b,
+                                                " to palette index ", f));
+      }
+      by_format[f].push_back((*blocks)[b]);
+    }
+    demoted_blocks = full;
+    if (arm_.step_through) {  // every block whose final format is >= f passes through f
+      std::vector<BlockId> moving;
+      for (int32_t f = formats - 1; f >= 1; --f) {
+        moving.insert(moving.end(), by_format[f].begin(), by_format[f].end());
+        by_format[f] = moving;
+      }
+    }
+    for (int32_t f = 1; f < formats; ++f) {
+      if (by_format[f].empty()) continue;
+      s = cache_->Demote(by_format[f], f);
+      if (!s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ArmRunner::Run(const Trial& trial, bool measure_compute_error, Result* result) {
+  const Geometry& g = cache_->options().geometry;
+  if (trial.kv_heads != g.num_kv_heads || trial.head_dim != g.head_dim) {
+    return absl::InvalidArgumentError("trial geometry differs from the arm's cache");
+  }
+  if (arm_.fixed_k_amax == 0 && arm_.fixed_v_amax == 0 && HasTensorScope(arm_.palette)) {
+    const KVInput all{DType::kFloat16, trial.k_half.data(), trial.v_half.data(), trial.length,
+                      trial.kv_heads, trial.head_dim};
+    absl::Status s = cache_->CalibrateTensorScales(0, all);
+    if (!s.ok()) return s;
+  }
+  absl::StatusOr<SequenceId> seq = cache_->AddSequence();
+  if (!seq.ok()) return seq.status();
+  absl::Status status = Write(trial, *seq);
+  const int q_heads = trial.kv_heads * trial.group;
+  if (status.ok()) {
+    result->bits_per_element = cache_->GetStats().effective_bits_per_element;
+    PageTables tables;
+    status = cache_->BuildPageTables({*seq}, &tables);
+    absl::StatusOr<PagedLayer> layer = GetPagedLayer(*cache_, 0);
+    if (status.ok()) status = layer.status();
+    if (status.ok()) {
+      result->logits.resize(static_cast<size_t>(q_heads) * trial.length);
+      result->out.resize(static_cast<size_t>(q_heads) * trial.head_dim);
+      result->lse.resize(q_heads);
+      const DecodeQueries queries{trial.q, q_heads, trial.softmax_scale};
+      status = PagedDecodeAttention(
+          *layer, tables, queries,
+          DecodeOutputs{absl::MakeSpan(result->out), absl::MakeSpan(result->lse),
+                        absl::MakeSpan(result->logits), trial.length});
+    }
+    if (status.ok() && measure_compute_error) {
+      std::vector<float> k(trial.k.size()), v(trial.v.size()), out(result->out.size()),
+          lse(q_heads);
+      status = cache_->ReadKV(*seq, 0, absl::MakeSpan(k), absl::MakeSpan(v));
+      if (status.ok()) {
+        const DenseSequence dense{k, v, trial.length};
+        status = DenseDecodeAttention({dense}, trial.kv_heads, trial.head_dim,
+                                      DecodeQueries{trial.q, q_heads, trial.softmax_scale},
+                                      DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse), {}, 0});
+      }
+      double num = 0, den = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        num += (out[i] - result->out[i]) * static_cast<double>(out[i] - result->out[i]);
+        den += static_cast<double>(out[i]) * out[i];
+      }
+      result->compute_rel_error = den > 0 ? std::sqrt(num / den) : 0;
+    }
+  }
+  const absl::Status released = cache_->Release(*seq);
+  const absl::Status ended = cache_->EndStep();
+  if (!status.ok()) return status;
+  return released.ok() ? ended : released;
+}
+
+}  // namespace kvtier::tool

@@ -1,0 +1,100 @@
+// Arms of the recall sweep: what a trial's K/V go through before attention reads them.
+//
+// An arm is a palette plus a rule that says, for each full block of a sequence, which palette
+// format the block ends in, given the block's index and the sequence's length at query time.
+// Single-format arms send every full block to one cold format; a policy-like arm keeps sink
+// blocks and a hot window in FP16, a warm window in FP8 and the rest in NVFP4. New arms (for
+// example the library's policy presets once they exist) are new `Arm` values: no other code
+// changes.
+//
+// ArmRunner pushes a trial through kvtier itself: Append + WriteKV in FP16 (chunk by chunk),
+// Demote of the full blocks of each chunk to their final format (directly, or through every
+// palette format in between for a requantisation chain), then kvtier's CPU reference paged
+// attention over the cache pages. The partial tail block stays hot, as the cache requires.
+#ifndef KVTIER_EXAMPLES_KVTIER_RECALL_ARMS_H_
+#define KVTIER_EXAMPLES_KVTIER_RECALL_ARMS_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "examples/kvtier/recall_generator.h"
+#include "kvtier/cache.h"
+#include "kvtier/format.h"
+
+namespace kvtier::tool {
+
+struct Arm {
+  std::string name;
+  // palette[0] is the hot format the K/V are written in (FP16 for every built-in arm).
+  std::vector<FormatSpec> palette;
+  // The palette index full block `block` (0-based) of a `length`-token sequence ends in.
+  std::function<int32_t(int64_t block, int64_t length, int32_t block_tokens)> format_of;
+  // Demote through every palette format between the hot one and the final one, in order
+  // (FP16 -> FP8 -> NVFP4), as blocks that age through tiers do. Otherwise directly.
+  bool step_through = false;
+  // Per-tensor scales: calibrated on each trial's own K/V (Cache::CalibrateTensorScales), or,
+  // when `fixed_k_amax` / `fixed_v_amax` are set, static (Options::k_tensor_amax).
+  float fixed_k_amax = 0;
+  float fixed_v_amax = 0;
+};
+
+// Every full block in `cold` (palette {fp16, cold}); the arm's name is the format's name.
+Arm SingleFormatArm(const FormatSpec& cold);
+
+// FP16 -> `formats[0]` -> ... -> `formats.back()`, one step at a time, every full block.
+Arm ChainArm(const std::string& name, const std::vector<FormatSpec>& formats);
+
+// A policy-like arm: blocks holding any of the first `sink_tokens` tokens and blocks whose age
+// (tokens from the block's last token to the sequence's last token) is below `hot_age` stay
+// FP16; then `warm` while the age is below `warm_age`; `cold` beyond. Blocks reach cold
+// through warm.
+Arm PolicyArm(const std::string& name, int64_t sink_tokens, int64_t hot_age, int64_t warm_age,
+              const FormatSpec& warm, const FormatSpec& cold);
+
+// The arms of the default sweep, FP16 first.
+std::vector<Arm> StandardArms();
+
+// Runs trials through one arm. One cache per runner, reused across trials (each trial's
+// sequence is released at the end). Thread-compatible: use one runner per thread.
+class ArmRunner {
+ public:
+  // `max_length`: the longest trial it will run. `chunk_tokens`: tokens appended per step.
+  static absl::StatusOr<std::unique_ptr<ArmRunner>> Create(const Arm& arm, int32_t kv_heads,
+                                                           int32_t head_dim, int64_t max_length,
+                                                           int64_t chunk_tokens = 4096);
+
+  struct Result {
+    std::vector<float> logits;  // [q_heads, length]
+    std::vector<float> out;     // [q_heads, head_dim]
+    std::vector<float> lse;     // [q_heads]
+    double bits_per_element = 0;  // of the trial's blocks, payload plus scales
+    // When requested: relative L2 difference between the paged attention output and a dense
+    // attention over the cache's own decoding (ReadKV) of the same pages. Zero on the CPU
+    // (both are the reference); the slot for a GPU kernel's compute error.
+    double compute_rel_error = -1;
+  };
+
+  // Writes `trial`, demotes its blocks, attends every query head. The result's buffers are
+  // reused across calls.
+  absl::Status Run(const Trial& trial, bool measure_compute_error, Result* result);
+
+  const Arm& arm() const { return arm_; }
+
+ private:
+  ArmRunner(const Arm& arm, std::unique_ptr<Cache> cache, int64_t chunk_tokens)
+      : arm_(arm), cache_(std::move(cache)), chunk_tokens_(chunk_tokens) {}
+  absl::Status Write(const Trial& trial, SequenceId seq);
+
+  Arm arm_;
+  std::unique_ptr<Cache> cache_;
+  int64_t chunk_tokens_;
+  std::vector<int64_t> slots_;
+};
+
+}  // namespace kvtier::tool
+
+#endif  // KVTIER_EXAMPLES_KVTIER_RECALL_ARMS_H_

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the GPU tests and benchmark here (Release, CUDA on, sm_90) in build-gpu/ and gathers
+# them, stripped, with the non-system shared libraries they load (ldd), into bundle/ for the
+# H200, where scripts/gpu_run.sh runs them. See docs/gpu.md.
+#   scripts/gpu_bundle.sh            # JOBS=N to change the build parallelism (default 2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=build-gpu
+mkdir -p "$build"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_CUDA=ON \
+  -DKVTIER_BUILD_TESTS=ON -DKVTIER_BUILD_BENCHMARKS=OFF -DKVTIER_BUILD_TOOLS=OFF \
+  -DKVTIER_WITH_PROMETHEUS=OFF >"$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log"; exit 1; }
+cmake --build "$build" -j "${JOBS:-2}" --target kvtier_gpu_tests kvtier_gpu_bench
+
+rm -rf bundle
+mkdir -p bundle/lib
+cp "$build/kvtier_gpu_tests" "$build/kvtier_gpu_bench" bundle/
+strip bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench
+# Everything ldd resolves except the C and C++ runtimes, which the target system has (newer).
+for bin in bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench; do
+  ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so.*|libm.so.*|libstdc++.so.*|libgcc_s.so.*|libpthread.so.*|libdl.so.*|librt.so.*|ld-linux*) ;;
+    *) cp -L "$lib" bundle/lib/ ;;
+  esac
+done
+strip --strip-unneeded bundle/lib/*.so* 2>/dev/null || true
+{
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src/cuda kernels cmake/cuda.cmake tests/gpu tests/bench 2>/dev/null || echo ' + uncommitted CUDA backend')"
+  nvcc --version | tail -1
+} >bundle/BUILD_INFO
+du -sh bundle
+ls bundle bundle/lib

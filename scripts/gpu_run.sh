@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs the GPU bundle made by scripts/gpu_bundle.sh on a GPU machine, in one go:
+#   1. all GPU tests;
+#   2. the benchmarks (JSON);
+#   3. the GPU tests under compute-sanitizer --tool memcheck, then --tool racecheck (fewer
+#      steps, KVTIER_GPU_TEST_SCALE; the fast-codec self-check, already run in 1, is skipped).
+# Writes logs and JSON under $OUT (default ./gpu-out) and prints a summary last.
+# With the device tool: run(command="bash scripts/gpu_run.sh", carry=["bundle"]).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$PWD/bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+summary=$out/summary.txt
+{
+  cat bundle/BUILD_INFO
+  echo "run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  compute-sanitizer --version | tail -1
+} >"$summary" 2>&1
+status=0
+step() {  # name, timeout seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc in $((SECONDS - start)) s; $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$name.log" | tr '\n' ' ')$(grep -E 'ERROR SUMMARY' "$out/$name.log")" |
+    tee -a "$summary"
+  [ "$rc" = 0 ] || status=1
+}
+step tests 150 bundle/kvtier_gpu_tests --gtest_output="json:$out/tests.json"
+step bench 120 bundle/kvtier_gpu_bench "$out/bench.json"
+cat "$out/bench.log" >>"$summary"
+export KVTIER_CUDA_FAST_CODEC=on KVTIER_GPU_TEST_SCALE=${KVTIER_GPU_TEST_SCALE:-0.2}
+step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
+  bundle/kvtier_gpu_tests
+step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
+  bundle/kvtier_gpu_tests
+echo "overall: $([ $status = 0 ] && echo PASS || echo FAIL)" | tee -a "$summary"
+grep -E "FAILED|Failure|error|ERROR" "$out/tests.log" | head -20
+exit $status

@@ -1,0 +1,334 @@
+// GPU benchmarks of the CUDA data plane, reported against the device-to-device copy roof
+// measured in the same run (bytes read + written over time, CUDA events, median of many runs
+// after warm-up, random data several times larger than L2):
+//   - copy roof: cudaMemcpyAsync of 4 GiB;
+//   - migration: FP16 -> FP8 (fp8_e4m3/block_head) and FP16 -> NVFP4 (nvfp4/block_head), and
+//     a few other pairs, over 32 layers x 1024 blocks x 8 heads x 128 x 16 tokens (2 GiB of
+//     FP16 pages), one launch each;
+//   - append: batch 256 x 1 token (decode) and 256 x 512 tokens (prefill) into FP16 pages, the
+//     kernel alone and through CudaBackend::WriteRows (with slot staging).
+// Usage: kvtier_gpu_bench OUT.json
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/data_plane.cuh"
+#include "kernels/page_layout.h"
+#include "kvtier/format.h"
+#include "src/cuda/cuda_backend.h"
+
+namespace kvtier {
+namespace {
+
+#define CHECK_CUDA(call)                                                               \
+  do {                                                                                 \
+    const cudaError_t e_ = (call);                                                     \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
+                   cudaGetErrorString(e_));                                            \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+// Random FP16 values (never zero), keys with outlier channels 10x; `channels` is head_dim.
+__global__ void FillHalves(uint16_t* out, size_t n, uint32_t seed, int channels) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B9u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    // Sum of four uniforms: roughly normal, in [-2, 2).
+    float x = ((h & 0xFF) + ((h >> 8) & 0xFF) + ((h >> 16) & 0xFF) + (h >> 24)) / 255.f - 2.f;
+    if (x == 0.f) x = 0.25f;
+    if ((i % channels) % 29 == 3) x *= 10.f;
+    out[i] = __half_as_ushort(__float2half_rn(x));
+  }
+}
+
+void Fill(void* p, size_t bytes, uint32_t seed, int channels) {
+  FillHalves<<<4096, 256>>>(static_cast<uint16_t*>(p), bytes / 2, seed, channels);
+  CHECK_CUDA(cudaGetLastError());
+}
+
+// Median milliseconds of `runs` timed calls of fn() on `stream`, after `warmup` calls; each
+// timed call covers `inner` back-to-back invocations (time reported per invocation).
+template <typename Fn>
+double MedianMs(cudaStream_t stream, int warmup, int runs, int inner, Fn fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int r = 0; r < runs; ++r) {
+    CHECK_CUDA(cudaEventRecord(a, stream));
+    for (int i = 0; i < inner; ++i) fn();
+    CHECK_CUDA(cudaEventRecord(b, stream));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(static_cast<double>(t) / inner);
+  }
+  CHECK_CUDA(cudaEventDestroy(a));
+  CHECK_CUDA(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+struct Result {
+  std::string name;
+  double bytes;  // read + written per invocation
+  double ms;     // median per invocation
+  double tbs() const { return bytes / (ms * 1e-3) / 1e12; }
+};
+
+std::string Json(const std::vector<Result>& rs, double roof) {
+  std::string s = "[";
+  for (size_t i = 0; i < rs.size(); ++i) {
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "%s\n    {\"name\": \"%s\", \"bytes\": %.0f, \"median_ms\": %.6f, "
+                  "\"tb_per_s\": %.4f, \"pct_of_copy_roof\": %.2f}",
+                  i ? "," : "", rs[i].name.c_str(), rs[i].bytes, rs[i].ms, rs[i].tbs(),
+                  100.0 * rs[i].tbs() / roof);
+    s += line;
+  }
+  return s + "\n  ]";
+}
+
+double CopyRoof(cudaStream_t stream, std::vector<Result>* out) {
+  const size_t bytes = size_t{4} << 30;
+  void *src, *dst;
+  CHECK_CUDA(cudaMalloc(&src, bytes));
+  CHECK_CUDA(cudaMalloc(&dst, bytes));
+  Fill(src, bytes, 1, 128);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const double ms = MedianMs(stream, 3, 25, 1, [&] {
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  CHECK_CUDA(cudaFree(src));
+  CHECK_CUDA(cudaFree(dst));
+  out->push_back({"copy_4GiB_d2d", 2.0 * bytes, ms});
+  return out->back().tbs();
+}
+
+// Requantises `blocks` full blocks of every layer from `from` to `to` (pages in shuffled
+// order, as a cache's would be) and times the single launch.
+Result Migration(cudaStream_t stream, const char* from, const char* to, bool fast,
+                 const char* name) {
+  constexpr int kLayers = 32, kHeads = 8, kDim = 128, kTokens = 16, kBlocks = 1024;
+  const PageLayout src = MakePageLayout(kHeads, kTokens, kDim, ParseFormat(from).value());
+  const PageLayout dst = MakePageLayout(kHeads, kTokens, kDim, ParseFormat(to).value());
+  const size_t src_layer = size_t{src.page_bytes} * kBlocks;
+  const size_t dst_layer = size_t{dst.page_bytes} * kBlocks;
+  uint8_t *src_pool, *dst_pool;
+  CHECK_CUDA(cudaMalloc(&src_pool, src_layer * kLayers));
+  CHECK_CUDA(cudaMalloc(&dst_pool, dst_layer * kLayers));
+  // Source pages: FP16 random data, or (for a quantised source) FP16 data demoted first.
+  std::vector<gpu::LayerPools> layers(kLayers);
+  for (int l = 0; l < kLayers; ++l) {
+    layers[l].src = src_pool + l * src_layer;
+    layers[l].dst = dst_pool + l * dst_layer;
+  }
+  std::vector<uint32_t> pages(kBlocks), order(kBlocks);
+  std::iota(order.begin(), order.end(), 0u);
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  std::iota(pages.begin(), pages.end(), 0u);
+  gpu::LayerPools* d_layers;
+  uint32_t *d_src, *d_dst;
+  CHECK_CUDA(cudaMalloc(&d_layers, sizeof(gpu::LayerPools) * kLayers));
+  CHECK_CUDA(cudaMalloc(&d_src, sizeof(uint32_t) * kBlocks));
+  CHECK_CUDA(cudaMalloc(&d_dst, sizeof(uint32_t) * kBlocks));
+  CHECK_CUDA(cudaMemcpy(d_layers, layers.data(), sizeof(gpu::LayerPools) * kLayers,
+                        cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_src, order.data(), sizeof(uint32_t) * kBlocks, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_dst, pages.data(), sizeof(uint32_t) * kBlocks, cudaMemcpyHostToDevice));
+  gpu::RequantizeParams p;
+  p.src = src;
+  p.dst = dst;
+  p.layers = d_layers;
+  p.src_pages = d_src;
+  p.dst_pages = d_dst;
+  p.num_layers = kLayers;
+  p.num_blocks = kBlocks;
+  p.fast = fast;
+  if (src.k.type == ElementType::kFp16) {
+    Fill(src_pool, src_layer * kLayers, 2, kDim);
+  } else {
+    // Build real pages of the source format from FP16 data through the kernel itself.
+    const PageLayout fp16 = MakePageLayout(kHeads, kTokens, kDim, ParseFormat("fp16").value());
+    uint8_t* tmp;
+    CHECK_CUDA(cudaMalloc(&tmp, size_t{fp16.page_bytes} * kBlocks * kLayers));
+    Fill(tmp, size_t{fp16.page_bytes} * kBlocks * kLayers, 3, kDim);
+    std::vector<gpu::LayerPools> pre(kLayers);
+    for (int l = 0; l < kLayers; ++l) {
+      pre[l].src = tmp + l * size_t{fp16.page_bytes} * kBlocks;
+      pre[l].dst = src_pool + l * src_layer;
+    }
+    CHECK_CUDA(cudaMemcpy(d_layers, pre.data(), sizeof(gpu::LayerPools) * kLayers,
+                          cudaMemcpyHostToDevice));
+    gpu::RequantizeParams q = p;
+    q.src = fp16;
+    q.dst = src;
+    CHECK_CUDA(gpu::LaunchRequantize(q, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaFree(tmp));
+    CHECK_CUDA(cudaMemcpy(d_layers, layers.data(), sizeof(gpu::LayerPools) * kLayers,
+                          cudaMemcpyHostToDevice));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const double ms =
+      MedianMs(stream, 2, 15, 1, [&] { CHECK_CUDA(gpu::LaunchRequantize(p, stream)); });
+  CHECK_CUDA(cudaFree(src_pool));
+  CHECK_CUDA(cudaFree(dst_pool));
+  CHECK_CUDA(cudaFree(d_layers));
+  CHECK_CUDA(cudaFree(d_src));
+  CHECK_CUDA(cudaFree(d_dst));
+  return {name, double(src.page_bytes + dst.page_bytes) * kBlocks * kLayers, ms};
+}
+
+// Appends `seqs` x `tokens` rows into an FP16 pool (8 heads x 128, 16-token pages): each
+// sequence owns tokens / 16 (at least one) pages spread over the pool; decode (tokens == 1)
+// writes at a random offset of its page.
+void Append(cudaStream_t stream, CudaBackend* backend, int seqs, int tokens, const char* name,
+            std::vector<Result>* out) {
+  constexpr int kHeads = 8, kDim = 128, kTokens = 16;
+  const PageLayout l = MakePageLayout(kHeads, kTokens, kDim, ParseFormat("fp16").value());
+  const int pages_per_seq = std::max(1, tokens / kTokens);
+  const int pages = seqs * pages_per_seq * 2;  // half of the pool stays unused
+  const int64_t rows = int64_t{seqs} * tokens;
+  std::vector<uint32_t> perm(pages);
+  std::iota(perm.begin(), perm.end(), 0u);
+  std::mt19937 rng(11);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<gpu::RowSlot> slots(rows);
+  std::vector<int64_t> cache_slots(rows);
+  for (int s = 0; s < seqs; ++s) {
+    for (int t = 0; t < tokens; ++t) {
+      const uint32_t page = perm[s * pages_per_seq + t / kTokens];
+      const uint32_t token = tokens == 1 ? rng() % kTokens : t % kTokens;
+      slots[int64_t{s} * tokens + t] = {page, token};
+      cache_slots[int64_t{s} * tokens + t] = int64_t{page} * kTokens + token;
+    }
+  }
+  uint8_t* pool;
+  void *k, *v, *d_slots;
+  const size_t in_bytes = size_t(rows) * kHeads * kDim * 2;
+  CHECK_CUDA(cudaMalloc(&pool, size_t{l.page_bytes} * pages));
+  CHECK_CUDA(cudaMalloc(&k, in_bytes));
+  CHECK_CUDA(cudaMalloc(&v, in_bytes));
+  CHECK_CUDA(cudaMalloc(&d_slots, sizeof(gpu::RowSlot) * rows));
+  Fill(k, in_bytes, 4, kDim);
+  Fill(v, in_bytes, 5, kDim);
+  CHECK_CUDA(cudaMemcpy(d_slots, slots.data(), sizeof(gpu::RowSlot) * rows,
+                        cudaMemcpyHostToDevice));
+  unsigned long long* nonfinite;
+  CHECK_CUDA(cudaMalloc(&nonfinite, sizeof(*nonfinite)));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  gpu::WriteRowsParams p;
+  p.base = pool;
+  p.layout = l;
+  p.slots = static_cast<const gpu::RowSlot*>(d_slots);
+  p.num_rows = rows;
+  p.k = k;
+  p.v = v;
+  p.nonfinite = nonfinite;
+  const double bytes = 4.0 * in_bytes;  // K and V read, then written
+  const int inner = rows < 4096 ? 100 : 1;
+  const double kernel_ms =
+      MedianMs(stream, 3, 25, inner, [&] { CHECK_CUDA(gpu::LaunchWriteRows(p, stream)); });
+  out->push_back({std::string(name) + "_kernel", bytes, kernel_ms});
+  // Through the backend: host slot conversion, staging and upload included.
+  PoolView view{pool, l, 1.f, 1.f};
+  KVInput in{DType::kFloat16, k, v, rows, kHeads, kDim};
+  static int64_t count = 0;  // the backend keeps the pointer
+  const double backend_ms = MedianMs(backend->stream(), 3, 25, inner, [&] {
+    const absl::Status s = backend->WriteRows(view, cache_slots, in, &count);
+    if (!s.ok()) {
+      std::fprintf(stderr, "WriteRows: %s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+  });
+  out->push_back({std::string(name) + "_backend", bytes, backend_ms});
+  CHECK_CUDA(cudaFree(pool));
+  CHECK_CUDA(cudaFree(k));
+  CHECK_CUDA(cudaFree(v));
+  CHECK_CUDA(cudaFree(d_slots));
+  CHECK_CUDA(cudaFree(nonfinite));
+}
+
+int Main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s OUT.json\n", argv[0]);
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create();
+  if (!backend.ok()) {
+    std::fprintf(stderr, "no CUDA backend: %s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  const FastCodecCheck check = CudaBackend::fast_codec_check();
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, (*backend)->device()));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  std::vector<Result> roof_runs, migrations, appends;
+  const double roof = CopyRoof(stream, &roof_runs);
+  migrations.push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", true, "fp16_to_fp8_e4m3_block_head"));
+  migrations.push_back(Migration(stream, "fp16", "nvfp4/block_head", true, "fp16_to_nvfp4_block_head"));
+  migrations.push_back(Migration(stream, "fp16", "k:nvfp4_channel/block_head,v:nvfp4/block_head", true,
+                                 "fp16_to_nvfp4_channel_k_nvfp4_v"));
+  migrations.push_back(Migration(stream, "fp8_e4m3/block_head", "nvfp4/block_head", true,
+                                 "fp8_e4m3_block_head_to_nvfp4_block_head"));
+  migrations.push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", false,
+                                 "fp16_to_fp8_e4m3_block_head_codec_only"));
+  migrations.push_back(Migration(stream, "fp16", "nvfp4/block_head", false,
+                                 "fp16_to_nvfp4_block_head_codec_only"));
+  Append(stream, backend->get(), 256, 1, "append_fp16_batch256x1", &appends);
+  Append(stream, backend->get(), 256, 512, "append_fp16_batch256x512", &appends);
+
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  FILE* f = std::fopen(argv[1], "w");
+  if (f == nullptr) {
+    std::perror(argv[1]);
+    return 1;
+  }
+  std::fprintf(f,
+               "{\n  \"gpu\": \"%s\",\n  \"sms\": %d,\n  \"l2_bytes\": %d,\n  \"date\": \"%s\",\n"
+               "  \"fast_codec_self_check\": %s,\n  \"copy_roof_tb_per_s\": %.4f,\n"
+               "  \"roof\": %s,\n  \"migration\": %s,\n  \"append\": %s\n}\n",
+               prop.name, prop.multiProcessorCount, prop.l2CacheSize, date,
+               check.passed ? "true" : "false", roof, Json(roof_runs, roof).c_str(),
+               Json(migrations, roof).c_str(), Json(appends, roof).c_str());
+  std::fclose(f);
+
+  std::printf("%-44s %10s %9s %8s\n", "benchmark", "median_us", "TB/s", "% roof");
+  for (const auto* rs : {&roof_runs, &migrations, &appends}) {
+    for (const Result& r : *rs) {
+      std::printf("%-44s %10.1f %9.3f %7.1f%%\n", r.name.c_str(), r.ms * 1e3, r.tbs(),
+                  100.0 * r.tbs() / roof);
+    }
+  }
+  std::printf("fast codec self-check: %s\n", check.passed ? "passed" : "FAILED");
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier
+
+int main(int argc, char** argv) { return kvtier::Main(argc, argv); }

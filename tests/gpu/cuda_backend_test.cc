@@ -1,0 +1,121 @@
+// The CUDA backend itself: how it reports a missing device, the fast-codec self-check, slab
+// mapping on the virtual-memory API, and fences.
+#include "src/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kvtier/cache.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace kvtier::testing {
+namespace {
+
+constexpr size_t kSlab = size_t{2} << 20;
+
+TEST(CudaBackendTest, CreationWorksOrSaysWhyNot) {
+  Options o;
+  o.backend = BackendKind::kCuda;
+  absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
+  if (GpuStatus().ok()) {
+    EXPECT_TRUE(cache.ok()) << cache.status();
+  } else {
+    // A machine without a driver or device (CI): a clear status, no crash.
+    ASSERT_FALSE(cache.ok());
+    EXPECT_TRUE(cache.status().code() == absl::StatusCode::kUnavailable ||
+                cache.status().code() == absl::StatusCode::kFailedPrecondition)
+        << cache.status();
+    EXPECT_FALSE(cache.status().message().empty());
+  }
+}
+
+TEST(CudaBackendTest, FastCodecsPassTheirSelfCheck) {
+  KVTIER_REQUIRE_GPU();
+  const FastCodecCheck check = CudaBackend::fast_codec_check();
+  if (!check.ran && std::getenv("KVTIER_CUDA_FAST_CODEC") != nullptr) {
+    GTEST_SKIP() << "self-check skipped by KVTIER_CUDA_FAST_CODEC";
+  }
+  ASSERT_TRUE(check.ran);
+  const char* const names[] = {"e4m3 encode", "e2m1 encode", "fp16 decode", "e4m3 decode"};
+  for (int i = 0; i < gpu::kSelfCheckCounters; ++i) {
+    EXPECT_EQ(check.mismatches[i], 0u)
+        << names[i] << ": first mismatch at input bits 0x" << std::hex << check.first_mismatch[i];
+  }
+  EXPECT_TRUE(check.passed);
+}
+
+TEST(CudaBackendTest, SlabsMapZeroFilledAndRecycle) {
+  KVTIER_REQUIRE_GPU();
+  absl::StatusOr<std::unique_ptr<CudaBackend>> made = CudaBackend::Create();
+  ASSERT_TRUE(made.ok()) << made.status();
+  CudaBackend& b = **made;
+  absl::StatusOr<uint8_t*> base = b.Reserve(8 * kSlab);
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_EQ(b.Reserve(kSlab + 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.Map(*base + 4096, kSlab).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.Unmap(*base, kSlab).code(), absl::StatusCode::kInvalidArgument);  // not mapped
+  std::vector<uint8_t> host(kSlab);
+  for (int round = 0; round < 3; ++round) {
+    for (int s = 0; s < 8; ++s) ASSERT_TRUE(b.Map(*base + s * kSlab, kSlab).ok());
+    for (int s = 0; s < 8; ++s) {
+      // Fresh slabs read as zeros, even when their memory held data before.
+      KVTIER_ASSERT_CUDA(cudaMemcpy(host.data(), *base + s * kSlab, kSlab, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < kSlab; i += 4093) ASSERT_EQ(host[i], 0) << "slab " << s;
+      KVTIER_ASSERT_CUDA(cudaMemset(*base + s * kSlab, 0xA5, kSlab));
+    }
+    for (int s = 0; s < 8; ++s) ASSERT_TRUE(b.Unmap(*base + s * kSlab, kSlab).ok());
+  }
+  // Unreserve also releases slabs still mapped.
+  ASSERT_TRUE(b.Map(*base + 3 * kSlab, kSlab).ok());
+  b.Unreserve(*base, 8 * kSlab);
+  absl::StatusOr<uint8_t*> again = b.Reserve(64 * kSlab);
+  ASSERT_TRUE(again.ok()) << again.status();
+  b.Unreserve(*again, 64 * kSlab);
+  absl::StatusOr<uint64_t> fence = b.RecordFence();
+  EXPECT_TRUE(fence.ok()) << fence.status();  // no error became sticky
+}
+
+TEST(CudaBackendTest, FencesPassInOrder) {
+  KVTIER_REQUIRE_GPU();
+  absl::StatusOr<std::unique_ptr<CudaBackend>> made = CudaBackend::Create();
+  ASSERT_TRUE(made.ok()) << made.status();
+  CudaBackend& b = **made;
+  EXPECT_FALSE(b.synchronous());
+  std::vector<uint64_t> fences;
+  for (int i = 0; i < 5; ++i) {
+    absl::StatusOr<uint64_t> f = b.RecordFence();
+    ASSERT_TRUE(f.ok()) << f.status();
+    if (!fences.empty()) {
+      EXPECT_GT(*f, fences.back());
+    }
+    fences.push_back(*f);
+  }
+  EXPECT_FALSE(b.FencePassed(fences.back() + 1));  // not recorded yet
+  KVTIER_ASSERT_CUDA(cudaStreamSynchronize(b.stream()));
+  EXPECT_TRUE(b.FencePassed(fences[2]));
+  EXPECT_TRUE(b.FencePassed(fences[0]));  // older ones passed with it
+  EXPECT_TRUE(b.FencePassed(fences[4]));
+}
+
+TEST(CudaBackendTest, BadInputTypeIsRejected) {
+  KVTIER_REQUIRE_GPU();
+  Options o;
+  o.backend = BackendKind::kCuda;
+  o.geometry = Geometry{1, 1, 16, 16};
+  absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  const SequenceId s = (*cache)->AddSequence().value();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE((*cache)->Append(s, 1, &slots).ok());
+  DeviceBuffer k(64), v(64);
+  KVInput in{DType::kFloat32, k.data(), v.data(), 1, 1, 16};
+  EXPECT_EQ((*cache)->WriteKV(0, slots, in).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvtier::testing

@@ -1,0 +1,69 @@
+// The exporter renders every metric of docs/metrics.md from a stats snapshot.
+#include "adapters/prometheus_exporter.h"
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "tests/test_util.h"
+
+namespace kvtier {
+namespace {
+
+std::string Scrape(const Cache& cache) {
+  CacheCollectable collectable(&cache);
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, collectable.Collect());
+  return out.str();
+}
+
+TEST(PrometheusExporterTest, ExportsTheDocumentedMetricsWithTheSnapshotsValues) {
+  Options o = testing::SmallOptions();
+  o.palette = {*ParseFormat("fp16"), *ParseFormat("fp8_e4m3/block_head")};
+  auto cache = testing::MustCreate(o);
+  const SequenceId seq = *cache->AddSequence();
+  std::vector<int64_t> slots;
+  std::vector<int32_t> tokens(40);
+  for (int i = 0; i < 40; ++i) tokens[i] = i;
+  ASSERT_TRUE(cache->AppendTokens(seq, tokens, &slots).ok());
+  ASSERT_TRUE(cache->Demote({cache->SequenceBlocks(seq)->front()}, 1).ok());
+  SequenceOptions again;
+  again.prompt = tokens;
+  ASSERT_TRUE(cache->AddSequence(again).ok());
+  const std::string text = Scrape(*cache);
+  for (const char* line : {
+           "kvtier_blocks{format=\"fp16\",state=\"in_use\"} 2",
+           "kvtier_blocks{format=\"fp8_e4m3/block_head\",state=\"in_use\"} 1",
+           "kvtier_migrated_blocks_total{from=\"fp16\",to=\"fp8_e4m3/block_head\"} 1",
+           "kvtier_prefix_queried_tokens_total 40",
+           "kvtier_prefix_hit_tokens_total 32",
+           "kvtier_prefix_hit_blocks_total 2",
+           "kvtier_prefix_missed_blocks_total 0",
+           "kvtier_capacity_bytes 16777216",
+           "kvtier_evicted_blocks_total{reason=\"capacity\"} 0",
+           "kvtier_allocation_failures_total{reason=\"budget\"} 0",
+           "kvtier_nonfinite_values_total 0",
+           "kvtier_demotions_under_pressure_total 0",
+           "kvtier_sequences 2",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+  }
+  for (const char* name : {"kvtier_usage_ratio ", "kvtier_bytes{", "kvtier_effective_bits_per_element ",
+                           "kvtier_migrated_bytes_total{", "kvtier_migration_duration_seconds_bucket{",
+                           "kvtier_block_lifetime_seconds_count ", "kvtier_block_idle_before_evict_seconds_sum ",
+                           "kvtier_cache_info{", "# TYPE kvtier_prefix_hit_tokens_total counter",
+                           "# TYPE kvtier_blocks gauge"}) {
+    EXPECT_NE(text.find(name), std::string::npos) << name;
+  }
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {  // no colons in metric names
+    if (line.empty() || line[0] == '#') continue;
+    const std::string name = line.substr(0, line.find_first_of("{ "));
+    EXPECT_EQ(name.find(':'), std::string::npos) << name;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier
