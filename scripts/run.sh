@@ -6,8 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The tool runs on the CPU backend; KVTIER_WITH_CUDA=ON in the environment builds the CUDA
+# backend too (docs/gpu.md).
 cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_BUILD_TESTS=OFF \
-  -DKVTIER_BUILD_BENCHMARKS=OFF >/dev/null
+  -DKVTIER_BUILD_BENCHMARKS=OFF -DKVTIER_WITH_CUDA="${KVTIER_WITH_CUDA:-OFF}" >/dev/null
 cmake --build build-release -j "$(nproc)" --target kvtier_tool
 if [ $# -eq 0 ]; then set -- simulate --json kvtier_simulate.json; fi
 exec build-release/kvtier "$@"
