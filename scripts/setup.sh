@@ -10,6 +10,7 @@ packages=(
   prometheus-cpp-dev libboost-dev libxxhash-dev
   clang libclang-rt-dev
   python3 prometheus curl
+  pybind11-dev python3-dev python3-numpy python3-pytest
 )
 
 missing=()

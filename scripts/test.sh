@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds kvtier and runs every test:
-#   1. g++ RelWithDebInfo: all unit tests, the demo, and the embedding example built against the
-#      installed CMake package and pkg-config file;
+#   1. g++ RelWithDebInfo: all unit tests, the Python module's pytest suite, the demo, and the
+#      embedding example built against the installed CMake package and pkg-config file;
 #   2. g++ with AddressSanitizer + UndefinedBehaviorSanitizer: all unit tests;
 #   3. clang with -Wthread-safety as an error and ThreadSanitizer: all unit tests.
 # Build trees live under build-ci/ (removed first, so every run starts clean).
@@ -27,6 +27,9 @@ configure_build_test() {  # name, extra cmake args...
 
 mkdir -p "$root"
 configure_build_test release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX="$PWD/$root/prefix"
+
+step "release: Python module tests (pytest, CPU backend)"
+PYTHONPATH="$PWD/$root/release/python" KVTIER_PYTHON_REQUIRED=1 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
 
 step "release: demo"
 "$root/release/kvtier" demo

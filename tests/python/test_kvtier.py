@@ -1,0 +1,332 @@
+"""The Python module on the CPU backend: sequences and data, errors, page tables and every
+adapter's tables, zero-copy DLPack pool views read back through numpy, the partition-and-merge
+path, and the documentation's snippets (docs/adapters.md).
+
+Skipped when the module was not built, unless KVTIER_PYTHON_REQUIRED=1 (set by ctest and
+scripts/test.sh), where a missing module is an error. Needs numpy only (no torch).
+"""
+import gc
+import os
+import pathlib
+import re
+
+import pytest
+
+np = pytest.importorskip("numpy")
+if os.environ.get("KVTIER_PYTHON_REQUIRED") == "1":
+    import kvtier
+else:
+    kvtier = pytest.importorskip(
+        "kvtier", reason="the kvtier module was not built (KVTIER_BUILD_PYTHON=OFF or no pybind11)")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+H, D, S = 2, 32, 16
+MIXED = ["fp16", "fp8_e4m3/tensor", "nvfp4/tensor"]
+
+
+def make_cache(palette=("fp16",), layers=2, budget=16 << 20, same_scales=False):
+    return kvtier.Cache(num_layers=layers, num_kv_heads=H, head_dim=D, block_tokens=S,
+                        budget_bytes=budget, palette=list(palette),
+                        k_tensor_amax=[12.0] * layers,
+                        v_tensor_amax=[12.0 if same_scales else 10.0] * layers)
+
+
+def add_random(cache, length, seed):
+    seq, _ = cache.add_sequence()
+    if length == 0:
+        return seq
+    slots = cache.append(seq, length)
+    rng = np.random.default_rng(seed)
+    for layer in range(cache.num_layers):
+        k = rng.normal(0, 2, (length, H, D)).astype(np.float16)
+        v = rng.normal(0, 2, (length, H, D)).astype(np.float16)
+        cache.write_kv(layer, slots, k, v)
+    return seq
+
+
+def demote_every_third(cache, seq, which, fmt):
+    chosen = []
+    for i, b in enumerate(cache.sequence_blocks(seq)):
+        info = cache.block_info(b)
+        if i % 3 == which and info["num_tokens"] == S and info["format"] < fmt:
+            chosen.append(b)
+    cache.demote(chosen, fmt)
+
+
+def mixed_batch(palette=MIXED, lengths=(45, 0, 1, 16, 100, 33)):
+    cache = make_cache(palette)
+    seqs = [add_random(cache, n, 100 + i) for i, n in enumerate(lengths)]
+    for f in range(1, len(palette)):
+        for s in seqs:
+            demote_every_third(cache, s, f % 3, f)
+    return cache, seqs, cache.build_page_tables(seqs)
+
+
+# numpy decoders of the stored element types, to read the raw uint8 views.
+def e4m3_table():
+    out = np.zeros(256, np.float32)
+    for c in range(256):
+        sign = -1.0 if c & 0x80 else 1.0
+        e, m = (c >> 3) & 0xF, c & 0x7
+        if e == 0xF and m == 0x7:
+            out[c] = np.nan
+        elif e == 0:
+            out[c] = sign * (m / 8.0) * 2.0 ** -6
+        else:
+            out[c] = sign * (1 + m / 8.0) * 2.0 ** (e - 7)
+    return out
+
+
+E4M3 = e4m3_table()
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def test_sequences_data_and_stats():
+    cache = make_cache()
+    seq, cached = cache.add_sequence()
+    assert cached == 0
+    slots = cache.append_tokens(seq, np.arange(20, dtype=np.int32))
+    assert slots.dtype == np.int64 and slots.shape == (20,)
+    k = np.random.default_rng(1).normal(size=(20, H, D)).astype(np.float16)
+    v = np.random.default_rng(2).normal(size=(20, H, D)).astype(np.float16)
+    cache.write_kv(1, slots, k, v)
+    rk, rv = cache.read_kv(seq, 1)
+    assert rk.dtype == np.float32 and rk.shape == (20, H, D)
+    np.testing.assert_array_equal(rk, k.astype(np.float32))
+    np.testing.assert_array_equal(rv, v.astype(np.float32))
+    child = cache.fork(seq)
+    assert cache.sequence_length(child) == 20
+    more = cache.append_batch([seq, child], [1, 2])
+    assert more.shape == (3,)
+    stats = cache.stats()
+    assert stats["sequences"] == 2 and stats["tokens"] == 21 + 22
+    assert stats["formats"][0]["name"] == "fp16"
+    cache.release(child)
+    cache.end_step()
+    cache.check_consistency()
+    assert cache.stats()["sequences"] == 1
+    # A prompt matches the cached prefix of a released sequence.
+    cache.release(seq)
+    again, cached = cache.add_sequence(prompt=np.arange(20, dtype=np.int32))
+    assert cached == 16
+    assert cache.palette == ["fp16"]
+
+
+def test_write_kv_through_dlpack():
+    class Producer:  # any object with __dlpack__, here backed by numpy
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, stream=None):
+            return self.a.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    cache = make_cache()
+    seq, _ = cache.add_sequence()
+    slots = cache.append(seq, 5)
+    k = np.random.default_rng(3).normal(size=(5, H, D)).astype(np.float16)
+    cache.write_kv(0, slots, Producer(k), Producer(-k))
+    rk, rv = cache.read_kv(seq, 0)
+    np.testing.assert_array_equal(rk, k.astype(np.float32))
+    np.testing.assert_array_equal(rv, -k.astype(np.float32))
+    # Other float dtypes are converted to float16 (a copy).
+    cache.write_kv(0, slots, k.astype(np.float32), k.astype(np.float32))
+
+
+def test_errors_map_to_python_exceptions():
+    with pytest.raises(ValueError, match="fp7"):
+        kvtier.Cache(palette=["fp7"])
+    cache = make_cache(budget=2 * (2 << 20), layers=2)
+    seq, _ = cache.add_sequence()
+    cache.release(seq)
+    with pytest.raises(KeyError):
+        cache.read_kv(seq, 0)
+    with pytest.raises(ValueError):
+        cache.append(cache.add_sequence()[0], 0)
+    big, _ = cache.add_sequence()
+    with pytest.raises(MemoryError):
+        cache.append(big, 10 ** 6)
+    tail, _ = cache.add_sequence()
+    cache.append(tail, 3)
+    two = make_cache(("fp16", "fp8_e4m3/block_head"))
+    part, _ = two.add_sequence()
+    two.append(part, 3)
+    with pytest.raises(RuntimeError, match="partial"):  # FailedPrecondition
+        two.demote(two.sequence_blocks(part), 1)
+
+
+def test_refusals_name_the_format_and_the_target():
+    kvtier.check_readable("flashinfer", "nvfp4/tensor")
+    for target, fmt in [("flashinfer", "fp8_e4m3/block_head"), ("flashinfer", "nvfp4/block_head"),
+                        ("flashinfer", "nvfp4_channel/block_head"), ("vllm", "nvfp4/tensor"),
+                        ("flex_attention", "fp8_e4m3/tensor"), ("flash_attention2", "fp16"),
+                        ("flash_attention3", "fp8_e4m3/token_head")]:
+        with pytest.raises(ValueError) as e:
+            kvtier.check_readable(target, fmt)
+        assert fmt in str(e.value)
+    cache = make_cache(("fp16", "fp8_e4m3/block_head"))
+    with pytest.raises(ValueError, match="FlashInfer cannot read format fp8_e4m3/block_head"):
+        cache.flashinfer_layer(1, 0)
+
+
+def test_flashinfer_parts_match_the_blocks():
+    cache, seqs, tables = mixed_batch()
+    assert tables.batch_size == len(seqs)
+    parts = cache.flashinfer_parts(tables)
+    assert [p["format_name"] for p in parts] == MIXED
+    covered = np.zeros(len(seqs), np.int64)
+    for p in parts:
+        assert p["indptr"].dtype == np.int32 and p["indices"].dtype == np.int32
+        for r, b in enumerate(p["batch_index"]):
+            want = [cache.block_info(x)["page"] for x in cache.sequence_blocks(seqs[b])
+                    if cache.block_info(x)["format"] == p["format"]]
+            got = p["indices"][p["indptr"][r]:p["indptr"][r + 1]]
+            assert list(got) == want
+            assert 1 <= p["last_page_len"][r] <= S
+            covered[b] += p["lengths"][r]
+    assert list(covered) == [cache.sequence_length(s) for s in seqs]
+    assert all(1 not in p["batch_index"] for p in parts)  # the empty sequence
+
+
+def test_flashinfer_views_are_zero_copy_and_address_the_pages():
+    cache, seqs, tables = mixed_batch()
+    layer = 1
+    for fmt in range(3):
+        view = cache.flashinfer_layer(fmt, layer)
+        kv = np.from_dlpack(view["kv"])
+        assert kv.__array_interface__["data"][0] == view["kv"].data_ptr  # no copy
+        pool = cache.pool(fmt, layer)
+        assert kv.shape[0] == pool["capacity_pages"] and kv.shape[1:4] == (2, H, S)
+        assert kv.strides[1] == pool["v_offset"] - pool["k_offset"]
+        if fmt == 2:
+            assert view["kv"].dtype == "float4_e2m1x2" and kv.dtype == np.uint8
+            sf = np.from_dlpack(view["kv_cache_sf"])
+            assert view["kv_cache_sf"].dtype == "float8_e4m3fn" and sf.shape[-1] == D // 16
+        for b, seq in enumerate(seqs):
+            rk, rv = cache.read_kv(seq, layer)
+            blocks = cache.sequence_blocks(seq)
+            for t in range(len(rk)):
+                info = cache.block_info(blocks[t // S])
+                if info["format"] != fmt:
+                    continue
+                for side, want, scale in ((0, rk, pool["k_tensor_scale"]),
+                                          (1, rv, pool["v_tensor_scale"])):
+                    row = kv[info["page"], side, :, t % S]  # [H, D or D/2]
+                    if fmt == 0:
+                        got = row.astype(np.float32)
+                    elif fmt == 1:
+                        assert view["kv"].dtype == "float8_e4m3fn" and kv.dtype == np.uint8
+                        got = E4M3[row] * np.float32(scale)
+                    else:
+                        nib = np.stack([row & 0xF, row >> 4], axis=-1).reshape(H, D)
+                        s = np.repeat(E4M3[sf[info["page"], side, :, t % S]], 16, axis=-1)
+                        got = (E2M1[nib] * s) * np.float32(scale)
+                    np.testing.assert_array_equal(got, want[t])
+
+
+def test_block_tables_slot_mapping_and_descales():
+    cache, seqs, tables = mixed_batch(("fp16", "fp8_e4m3/tensor"))
+    parts = cache.block_table_parts("vllm", tables, max_blocks=10, pad_value=0)
+    for p in parts:
+        assert p["block_table"].shape == (len(p["batch_index"]), 10)
+        view = cache.block_table_layer("vllm", p["format"], 0)
+        k = np.from_dlpack(view["k"])  # [P, S, H, D] by strides over HND pages
+        assert k.shape[1:] == (S, H, D)
+        for r, b in enumerate(p["batch_index"]):
+            rk, _ = cache.read_kv(seqs[b], 0)
+            blocks = [x for x in cache.sequence_blocks(seqs[b])
+                      if cache.block_info(x)["format"] == p["format"]]
+            for i, blk in enumerate(blocks):
+                page = p["block_table"][r, i]
+                assert page == cache.block_info(blk)["page"]
+    with pytest.raises(ValueError, match="FlashAttention-2"):
+        cache.block_table_parts("flash_attention2", tables)
+    mapping = cache.vllm_slot_mapping(np.array([5, 17], np.int64), padded_size=4)
+    assert mapping.dtype == np.int64 and list(mapping) == [5, 17, -1, -1]
+    kd, vd = cache.fa3_descales(1, 0, 3)
+    assert kd.shape == (3, H) and np.allclose(kd, 12.0 / 448)
+
+
+def test_flex_attention_gather_and_tensorrt_llm_offsets():
+    cache = make_cache(same_scales=True)
+    a = add_random(cache, 37, 5)
+    b = cache.fork(a)
+    c = add_random(cache, 16, 6)
+    tables = cache.build_page_tables([a, b, c])
+    (p,) = cache.flex_attention_parts(tables)
+    assert p["page_table"].dtype == np.int64 and p["n_pages"] == 4  # the fork shares a's pages
+    k, v = cache.gather_flex_kv(0, 1, p["source_pages"])  # a copy: (1, H, n * S, D)
+    assert k.shape == (1, H, p["n_pages"] * S, D)
+    for r, seq in enumerate([a, b, c]):
+        rk, rv = cache.read_kv(seq, 1)
+        for t in range(len(rk)):
+            phys = p["page_table"][r, t // S]
+            assert p["physical_to_logical"][r, phys] == t // S
+            np.testing.assert_array_equal(k[0, :, phys * S + t % S].astype(np.float32), rk[t])
+            np.testing.assert_array_equal(v[0, :, phys * S + t % S].astype(np.float32), rv[t])
+    (trt,) = cache.tensorrt_llm_parts(tables)
+    assert trt["block_offsets"].shape == (3, 2, 3)
+    pool = cache.pool(0, 0)
+    page = cache.block_info(cache.sequence_blocks(a)[0])["page"]
+    assert trt["block_offsets"][0, 0, 0] * trt["bytes_per_block"] == page * pool["page_bytes"]
+    assert trt["block_offsets"][0, 1, 0] == trt["block_offsets"][0, 0, 0] + 1
+    assert cache.tensorrt_llm_layer(0, 0)["pool_pointer"] == pool["base"]
+
+
+def test_partition_and_merge_equals_whole_attention():
+    cache, seqs, tables = mixed_batch(("fp16", "fp8_e4m3/tensor"))
+    q = np.random.default_rng(7).normal(size=(len(seqs), 4, D)).astype(np.float32)
+    out, lse = cache.reference_attention(1, tables, q)
+    parts = []
+    for p in cache.flashinfer_parts(tables):
+        po, pl, idx = cache.reference_attention_part(1, tables, p["format"], q[p["batch_index"]])
+        assert list(idx) == list(p["batch_index"])
+        if p["format"] == 1:  # as FlashInfer returns it
+            parts.append((idx, po, kvtier.natural_to_base2_lse(pl), "base2"))
+        else:
+            parts.append((idx, po, pl))
+    merged, merged_lse = kvtier.merge_partial_states(len(seqs), parts)
+    np.testing.assert_allclose(merged, out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(merged_lse, lse, rtol=1e-5, atol=1e-6)
+    assert np.isneginf(lse[1]).all() and np.isneginf(merged_lse[1]).all()  # the empty one
+    with pytest.raises(ValueError):
+        kvtier.merge_partial_states(len(seqs), [(np.array([0, 0]), po[:2], pl[:2])])
+
+
+def test_views_keep_the_cache_alive():
+    cache = make_cache()
+    seq = add_random(cache, 3, 9)
+    want, _ = cache.read_kv(seq, 0)
+    page = cache.block_info(cache.sequence_blocks(seq)[0])["page"]
+    kv = np.from_dlpack(cache.flashinfer_layer(0, 0)["kv"])
+    del cache, seq
+    gc.collect()
+    np.testing.assert_array_equal(kv[page, 0, :, 0].astype(np.float32), want[0])
+
+
+def doc_blocks(language):
+    text = (ROOT / "docs" / "adapters.md").read_text()
+    return re.findall(r"```" + language + r"\n(.*?)```", text, re.S)
+
+
+def stripped_lines(text):
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def test_docs_python_snippets_run():
+    blocks = doc_blocks("python")
+    assert blocks, "docs/adapters.md has no python snippets"
+    namespace = {}
+    for block in blocks:
+        exec(compile(block, "docs/adapters.md", "exec"), namespace)
+
+
+def test_docs_cpp_snippets_are_compiled_by_the_tests():
+    source = stripped_lines((ROOT / "tests" / "adapters_test.cc").read_text())
+    joined = "\n".join(source)
+    blocks = doc_blocks("cpp")
+    assert blocks, "docs/adapters.md has no C++ snippets"
+    for block in blocks:
+        assert "\n".join(stripped_lines(block)) in joined, block
