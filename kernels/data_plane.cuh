@@ -52,6 +52,11 @@ struct LayerPools {
   float dst_v_scale = 1.f;
 };
 
+// Occupancy of the Requantize kernel for FP16/BF16 sources (the hot demotions): blocks of 8
+// warps per SM, which trades loads in flight against registers for independent work.
+// Measured in gpu_bench (docs/gpu.md): 3 and 4 are within 2% of each other, 2 is slower.
+enum class RequantizeVariant : uint8_t { kThreeBlocksPerSm, kTwoBlocksPerSm, kFourBlocksPerSm };
+
 struct RequantizeParams {
   PageLayout src{};
   PageLayout dst{};
@@ -62,6 +67,7 @@ struct RequantizeParams {
   int32_t num_blocks = 0;
   // Use the fast conversions of fast_codec.cuh (only where the self-check passed).
   bool fast = true;
+  RequantizeVariant variant = RequantizeVariant::kThreeBlocksPerSm;
 };
 
 // One launch for all layers and blocks: page src_pages[i] of layers[l].src is decoded and

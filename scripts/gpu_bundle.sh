@@ -9,7 +9,7 @@ build=build-gpu
 mkdir -p "$build"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_CUDA=ON \
   -DKVTIER_BUILD_TESTS=ON -DKVTIER_BUILD_BENCHMARKS=OFF -DKVTIER_BUILD_TOOLS=OFF \
-  -DKVTIER_WITH_PROMETHEUS=OFF >"$build/configure.log" 2>&1 ||
+  -DKVTIER_WITH_PROMETHEUS=OFF -DKVTIER_BUILD_PYTHON=OFF >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; exit 1; }
 cmake --build "$build" -j "${JOBS:-2}" --target kvtier_gpu_tests kvtier_gpu_bench
 

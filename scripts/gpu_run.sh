@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the GPU bundle made by scripts/gpu_bundle.sh on a GPU machine, in one go:
-#   1. all GPU tests;
+#   1. all GPU tests, then parity and stress tests with the other migration kernel occupancies;
 #   2. the benchmarks (JSON);
 #   3. the GPU tests under compute-sanitizer --tool memcheck, then --tool racecheck (fewer
 #      steps, KVTIER_GPU_TEST_SCALE; the fast-codec self-check, already run in 1, is skipped).
@@ -30,6 +30,10 @@ step() {  # name, timeout seconds, command...
   [ "$rc" = 0 ] || status=1
 }
 step tests 150 bundle/kvtier_gpu_tests --gtest_output="json:$out/tests.json"
+for blocks in 2 4; do
+  step "tests_migrate$blocks" 60 env KVTIER_CUDA_MIGRATE=$blocks bundle/kvtier_gpu_tests \
+    --gtest_filter='CudaParityTest.EveryPalette*:CudaStressTest.Tiny*'
+done
 step bench 120 bundle/kvtier_gpu_bench "$out/bench.json"
 cat "$out/bench.log" >>"$summary"
 export KVTIER_CUDA_FAST_CODEC=on KVTIER_GPU_TEST_SCALE=${KVTIER_GPU_TEST_SCALE:-0.2}

@@ -191,7 +191,8 @@ class KVTIER_EXPORT Cache {
   virtual absl::Status SetPolicy(const Policy& policy) = 0;
 
   // Sets `layer`'s per-tensor scales (codecs with ScaleScope::kTensor) from the absolute maxima
-  // of the finite values in `kv` (FP16/BF16, [num_tokens, heads, head_dim]). FailedPrecondition
+  // of the finite values in `kv` (FP16/BF16, [num_tokens, heads, head_dim], in host memory
+  // whatever the backend: calibration data is a sample, not the live K/V). FailedPrecondition
   // when a block already holds data in a format with a per-tensor codec, whose pages were
   // encoded with the old scale.
   virtual absl::Status CalibrateTensorScales(int32_t layer, const KVInput& kv) = 0;

@@ -142,6 +142,12 @@ absl::Status CudaBackend::Init() {
     }
   });
   fast_ = g_check.passed;
+  // KVTIER_CUDA_MIGRATE=2|3|4: blocks per SM of the Requantize kernel for 16-bit sources
+  // (data_plane.cuh's RequantizeVariant), for benchmarks and tests.
+  if (const char* form = std::getenv("KVTIER_CUDA_MIGRATE"); form != nullptr) {
+    if (std::strcmp(form, "2") == 0) variant_ = gpu::RequantizeVariant::kTwoBlocksPerSm;
+    if (std::strcmp(form, "4") == 0) variant_ = gpu::RequantizeVariant::kFourBlocksPerSm;
+  }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }
@@ -406,9 +412,18 @@ absl::Status CudaBackend::WriteRows(const PoolView& pool, absl::Span<const int64
   const size_t bytes = slots.size() * sizeof(gpu::RowSlot);
   KVTIER_ASSIGN_OR_RETURN(void* host, StageHost(bytes));
   auto* rows = static_cast<gpu::RowSlot*>(host);
-  for (size_t i = 0; i < slots.size(); ++i) {
-    rows[i].page = static_cast<uint32_t>(slots[i] / l.tokens);
-    rows[i].token = static_cast<uint32_t>(slots[i] % l.tokens);
+  const uint32_t tokens = static_cast<uint32_t>(l.tokens);
+  if ((tokens & (tokens - 1)) == 0) {  // the usual case: shifts, which the compiler vectorizes
+    const int shift = __builtin_ctz(tokens);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      rows[i].page = static_cast<uint32_t>(static_cast<uint64_t>(slots[i]) >> shift);
+      rows[i].token = static_cast<uint32_t>(slots[i]) & (tokens - 1);
+    }
+  } else {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      rows[i].page = static_cast<uint32_t>(slots[i] / tokens);
+      rows[i].token = static_cast<uint32_t>(slots[i] % tokens);
+    }
   }
   KVTIER_ASSIGN_OR_RETURN(void* device_rows, Upload(bytes));
   gpu::WriteRowsParams p;
@@ -494,6 +509,7 @@ absl::Status CudaBackend::Requantize(absl::Span<const PoolView> from,
   p.num_layers = static_cast<int32_t>(layers);
   p.num_blocks = static_cast<int32_t>(n);
   p.fast = fast_;
+  p.variant = variant_;
   KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchRequantize(p, stream_));
   return absl::OkStatus();
 }

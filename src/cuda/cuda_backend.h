@@ -135,6 +135,7 @@ class CudaBackend final : public Backend {
   const int device_;
   int num_sms_ = 0;
   bool fast_ = false;
+  gpu::RequantizeVariant variant_ = gpu::RequantizeVariant::kThreeBlocksPerSm;
   size_t granularity_ = 0;
   cudaStream_t stream_ = nullptr;
   absl::Status sticky_;  // an error found where it could not be returned

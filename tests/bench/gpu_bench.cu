@@ -19,6 +19,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/data_plane.cuh"
@@ -126,7 +127,8 @@ double CopyRoof(cudaStream_t stream, std::vector<Result>* out) {
 // Requantises `blocks` full blocks of every layer from `from` to `to` (pages in shuffled
 // order, as a cache's would be) and times the single launch.
 Result Migration(cudaStream_t stream, const char* from, const char* to, bool fast,
-                 const char* name) {
+                 const char* name,
+                 gpu::RequantizeVariant variant = gpu::RequantizeVariant::kThreeBlocksPerSm) {
   constexpr int kLayers = 32, kHeads = 8, kDim = 128, kTokens = 16, kBlocks = 1024;
   const PageLayout src = MakePageLayout(kHeads, kTokens, kDim, ParseFormat(from).value());
   const PageLayout dst = MakePageLayout(kHeads, kTokens, kDim, ParseFormat(to).value());
@@ -163,6 +165,7 @@ Result Migration(cudaStream_t stream, const char* from, const char* to, bool fas
   p.num_layers = kLayers;
   p.num_blocks = kBlocks;
   p.fast = fast;
+  p.variant = variant;
   if (src.k.type == ElementType::kFp16) {
     Fill(src_pool, src_layer * kLayers, 2, kDim);
   } else {
@@ -292,6 +295,16 @@ int Main(int argc, char** argv) {
                                  "fp16_to_nvfp4_channel_k_nvfp4_v"));
   migrations.push_back(Migration(stream, "fp8_e4m3/block_head", "nvfp4/block_head", true,
                                  "fp8_e4m3_block_head_to_nvfp4_block_head"));
+  for (const auto& [variant, suffix] :
+       {std::pair{gpu::RequantizeVariant::kTwoBlocksPerSm, "_2_blocks_per_sm"},
+        std::pair{gpu::RequantizeVariant::kFourBlocksPerSm, "_4_blocks_per_sm"}}) {
+    migrations.push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", true,
+                                   (std::string("fp16_to_fp8_e4m3_block_head") + suffix).c_str(),
+                                   variant));
+    migrations.push_back(Migration(stream, "fp16", "nvfp4/block_head", true,
+                                   (std::string("fp16_to_nvfp4_block_head") + suffix).c_str(),
+                                   variant));
+  }
   migrations.push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", false,
                                  "fp16_to_fp8_e4m3_block_head_codec_only"));
   migrations.push_back(Migration(stream, "fp16", "nvfp4/block_head", false,

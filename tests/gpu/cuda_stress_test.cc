@@ -28,7 +28,7 @@ namespace {
 
 Options StressOptions(int slabs_per_layer) {
   Options o;
-  o.geometry = Geometry{2, 4, 128, 16};  // FP16 pages of 32 KiB: 64 per 2 MiB slab
+  o.geometry = Geometry{2, 8, 128, 16};  // FP16 pages of 64 KiB: 32 per 2 MiB slab
   o.palette = {ParseFormat("fp16").value(), ParseFormat("fp8_e4m3/block_head").value(),
                ParseFormat("k:nvfp4_channel/block_head,v:nvfp4/block_head").value()};
   o.memory_budget_bytes = size_t{2} * slabs_per_layer * o.slab_bytes;
@@ -70,7 +70,8 @@ std::string ComparePageTables(const PageTables& a, const PageTables& b) {
 
 TEST(CudaStressTest, TinyBudgetRecyclingMatchesTheCpuCacheEveryStep) {
   KVTIER_REQUIRE_GPU();
-  absl::StatusOr<std::unique_ptr<CachePair>> made = CachePair::Create(StressOptions(4));
+  // 3 slabs per layer for 3 formats: a pool grows only by taking another's empty slab.
+  absl::StatusOr<std::unique_ptr<CachePair>> made = CachePair::Create(StressOptions(3));
   ASSERT_TRUE(made.ok()) << made.status();
   CachePair& pair = **made;
   const uint32_t seed = std::random_device{}();
@@ -91,14 +92,14 @@ TEST(CudaStressTest, TinyBudgetRecyclingMatchesTheCpuCacheEveryStep) {
       live.push_back(a);
       forks += 1;
     }
-    for (int i = static_cast<int>(rng() % 3); i > 0; --i) {
+    for (int i = static_cast<int>(rng() % 4); i > 0; --i) {
       live.push_back(pair.AddSequence());
       fresh.push_back(live.back());
     }
     std::vector<int64_t> tokens;
     for (SequenceId s : live) {
       const bool is_new = std::find(fresh.begin(), fresh.end(), s) != fresh.end();
-      tokens.push_back(is_new ? 1 + rng() % 80 : 1 + rng() % 8);
+      tokens.push_back(is_new ? 1 + rng() % 120 : 1 + rng() % 8);
     }
     fresh.clear();
     const absl::Status appended = pair.AppendBatch(live, tokens);
@@ -129,7 +130,7 @@ TEST(CudaStressTest, TinyBudgetRecyclingMatchesTheCpuCacheEveryStep) {
     std::vector<SequenceId> keep;
     for (size_t i = 0; i < live.size(); ++i) {
       const bool old = !appended.ok() && i < live.size() / 3 + 1;
-      if (old || rng() % 6 == 0 || pair.cpu().SequenceLength(live[i]).value() > 600) {
+      if (old || rng() % 10 == 0 || pair.cpu().SequenceLength(live[i]).value() > 400) {
         pair.Release(live[i]);
       } else {
         keep.push_back(live[i]);
@@ -160,7 +161,10 @@ TEST(CudaStressTest, TinyBudgetRecyclingMatchesTheCpuCacheEveryStep) {
   RecordProperty("demoted_blocks", demoted);
   RecordProperty("forks", forks);
   EXPECT_GT(demoted, 0);
-  EXPECT_GT(pair.gpu().GetStats().slab_moves, 3);
+  if (steps >= 30) {  // not in the shortened runs under compute-sanitizer
+    EXPECT_GT(exhausted, 0);
+    EXPECT_GT(pair.gpu().GetStats().slab_moves, 3);
+  }
 }
 
 TEST(CudaStressTest, AsynchronousReclamationKeepsDataIntact) {
