@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds kvtier and runs every test:
-#   1. g++ RelWithDebInfo: all unit tests, the Python module's pytest suite, the demo, and the
-#      embedding example built against the installed CMake package and pkg-config file;
+#   1. g++ RelWithDebInfo (CUDA code compiled when nvcc exists; GPU tests skip without a GPU):
+#      all unit tests, a real Prometheus server scraping `kvtier simulate`, the Python module's
+#      pytest suite, the demo, `kvtier recall --quick --json`, and the embedding example built
+#      against the installed CMake package and pkg-config file;
 #   2. g++ with AddressSanitizer + UndefinedBehaviorSanitizer: all unit tests;
 #   3. clang with -Wthread-safety as an error and ThreadSanitizer: all unit tests.
 # Build trees live under build-ci/ (removed first, so every run starts clean).
@@ -33,6 +35,10 @@ PYTHONPATH="$PWD/$root/release/python" KVTIER_PYTHON_REQUIRED=1 /usr/bin/python3
 
 step "release: demo"
 "$root/release/kvtier" demo
+
+step "release: kvtier recall --quick --json (the recall sweep end to end)"
+"$root/release/kvtier" recall --quick --json "$root/recall_quick.json" --plots "$root/recall_plots"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["arms"] and all("knee_context_tokens" in a for a in d["arms"]); print(len(d["arms"]), "arms")' "$root/recall_quick.json"
 
 step "release: install, then build examples/embed against the installed package"
 cmake --install "$root/release" >/dev/null
