@@ -27,7 +27,7 @@ const char kUsage[] =
     "  --quick                 a short smoke sweep (contexts 1K,4K,32K; 16 trials per cell)\n"
     "  --contexts LIST         context lengths, e.g. 1k,2k,4k (k = 1024); default 1k..128k\n"
     "  --depths LIST           needle depths in percent; default 0,10,25,40,50,75,90,100\n"
-    "  --trials N              needle trials per cell (default 256; quick 16)\n"
+    "  --trials N              needle trials per cell (default 64; quick 16)\n"
     "  --arm NAME              run this arm (repeatable); default: all; --list-arms shows them\n"
     "  --json PATH             write the results as JSON\n"
     "  --plots DIR             write SVG plots into DIR\n"
@@ -226,7 +226,7 @@ int RunRecall(int argc, char** argv) {
   const std::vector<int64_t> full_grid = {1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072};
   o.contexts = contexts ? *contexts
                         : quick ? std::vector<int64_t>{1024, 4096, 32768} : full_grid;
-  o.trials = trials ? *trials : quick ? 16 : 256;
+  o.trials = trials ? *trials : quick ? 16 : 64;
   o.bisect_steps = bisect ? *bisect : quick ? 1 : 3;
   if (!k_npy.empty()) {
     absl::StatusOr<KVDump> loaded = LoadKVDump(k_npy, v_npy, npy_layer);

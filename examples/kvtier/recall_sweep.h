@@ -23,7 +23,7 @@ struct SweepOptions {
   std::vector<int64_t> contexts;  // ascending, tokens
   std::vector<double> depths;     // in [0, 1]; one query head per depth in each GQA group
   // Needle trials per cell; rounded up to whole trial sequences (each gives one per KV head).
-  int32_t trials = 256;
+  int32_t trials = 64;
   int32_t top_k = 5;
   int32_t threads = 0;  // 0: the hardware's
   uint64_t seed = 1;
