@@ -37,10 +37,12 @@ endfunction()
 
 target_sources(kvtier PRIVATE
   kernels/append.cu
+  kernels/decode_attention.cu
   kernels/migrate.cu
   kernels/read_page.cu
   kernels/self_check.cu
   src/cuda/cuda_backend.cc
+  src/cuda/cuda_decode_attention.cc
   src/cuda/cuda_status.cc
 )
 kvtier_cuda_target(kvtier)
@@ -63,6 +65,7 @@ if(KVTIER_BUILD_TESTS)
     tests/gpu/cuda_backend_test.cc
     tests/gpu/cuda_parity_test.cc
     tests/gpu/cuda_stress_test.cc
+    tests/gpu/decode_attention_test.cc
   )
   kvtier_cuda_target(kvtier_gpu_tests)
   target_include_directories(kvtier_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR})

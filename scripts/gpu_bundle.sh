@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the GPU tests and benchmark here (Release, CUDA on, sm_90) in build-gpu/ and gathers
-# them, stripped, with the non-system shared libraries they load (ldd), into bundle/ for the
-# H200, where scripts/gpu_run.sh runs them. See docs/gpu.md.
+# Builds the GPU tests and benchmark here (Release, CUDA on, sm_90) in build-gpu/, and a shared
+# libkvtier with CUDA in build-pyshared/ (the Python module is compiled against it on the GPU
+# machine, for that machine's Python), and gathers them, stripped, with the non-system shared
+# libraries they load (ldd) and the Abseil headers, into bundle/ for the H200, where
+# scripts/gpu_run.sh runs them. See docs/gpu.md.
 #   scripts/gpu_bundle.sh            # JOBS=N to change the build parallelism (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,13 +14,22 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_CUDA=ON
   -DKVTIER_WITH_PROMETHEUS=OFF -DKVTIER_BUILD_PYTHON=OFF >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; exit 1; }
 cmake --build "$build" -j "${JOBS:-2}" --target kvtier_gpu_tests kvtier_gpu_bench
+shared=build-pyshared
+mkdir -p "$shared"
+cmake -S . -B "$shared" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_CUDA=ON \
+  -DBUILD_SHARED_LIBS=ON -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCHMARKS=OFF \
+  -DKVTIER_BUILD_TOOLS=OFF -DKVTIER_WITH_PROMETHEUS=OFF -DKVTIER_BUILD_PYTHON=OFF \
+  >"$shared/configure.log" 2>&1 || { cat "$shared/configure.log"; exit 1; }
+cmake --build "$shared" -j "${JOBS:-2}" --target kvtier
 
 rm -rf bundle
-mkdir -p bundle/lib
+mkdir -p bundle/lib bundle/include
 cp "$build/kvtier_gpu_tests" "$build/kvtier_gpu_bench" bundle/
 strip bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench
+cp -L "$shared"/libkvtier.so.0 bundle/lib/ && ln -s libkvtier.so.0 bundle/lib/libkvtier.so
+cp -r /usr/include/absl bundle/include/
 # Everything ldd resolves except the C and C++ runtimes, which the target system has (newer).
-for bin in bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench; do
+for bin in bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench bundle/lib/libkvtier.so.0; do
   ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in

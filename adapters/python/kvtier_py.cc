@@ -20,6 +20,7 @@
 #include "kvtier/cache.h"
 #include "kvtier/format.h"
 #include "kvtier/policy.h"
+#include "src/attention/decode_attention.h"
 #include "src/attention/reference_attention.h"
 
 namespace py = pybind11;
@@ -230,6 +231,76 @@ KVInput MakeInput(const KVSource& k, const KVSource& v, const Geometry& g) {
   }
   return KVInput{k.dtype(), k.data(), v.data(), s[0], g.num_kv_heads, g.head_dim};
 }
+
+// A float32 tensor handed to a kernel in place: a numpy array (host memory, CPU backend) or any
+// object with __dlpack__ (host or CUDA memory, matching `backend`). Must be C-contiguous float32
+// of `shape`; nothing is converted or copied, so outputs are written where the caller sees them.
+class FloatTensor {
+ public:
+  FloatTensor(const py::object& obj, BackendKind backend, const std::vector<int64_t>& shape,
+              const char* name) {
+    const bool cuda = backend == BackendKind::kCuda;
+    std::vector<int64_t> got;
+    if (py::isinstance<py::array>(obj)) {
+      const py::array a = obj.cast<py::array>();
+      if (cuda) throw py::value_error(std::string(name) + " must be in CUDA memory for the CUDA backend");
+      if (!a.dtype().is(py::dtype::of<float>()) ||
+          !(a.flags() & py::array::c_style) || !a.writeable()) {
+        throw py::value_error(std::string(name) + " must be a writable C-contiguous float32 array");
+      }
+      got.assign(a.shape(), a.shape() + a.ndim());
+      data_ = static_cast<float*>(const_cast<void*>(a.data()));
+      keep_ = obj;
+    } else if (py::hasattr(obj, "__dlpack__")) {
+      capsule_ = obj.attr("__dlpack__")();
+      managed_ = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule_.ptr(), "dltensor"));
+      if (managed_ == nullptr) throw py::error_already_set();
+      PyCapsule_SetName(capsule_.ptr(), "used_dltensor");
+      const DLTensor& t = managed_->dl_tensor;
+      const int32_t d = t.device.device_type;
+      if (cuda ? (d != 2 && d != 13) : (d != 1 && d != 3)) {
+        throw py::value_error(std::string(name) + (cuda ? " must be in CUDA memory" : " must be in host memory"));
+      }
+      if (t.dtype.code != 2 || t.dtype.bits != 32 || t.dtype.lanes != 1) {
+        throw py::value_error(std::string(name) + " must be float32");
+      }
+      got.assign(t.shape, t.shape + t.ndim);
+      if (t.strides != nullptr) {
+        int64_t expect = 1;
+        for (int i = t.ndim - 1; i >= 0; --i) {
+          if (t.shape[i] != 1 && t.strides[i] != expect) {
+            throw py::value_error(std::string(name) + " must be contiguous");
+          }
+          expect *= t.shape[i];
+        }
+      }
+      data_ = reinterpret_cast<float*>(static_cast<uint8_t*>(t.data) + t.byte_offset);
+    } else {
+      throw py::type_error(std::string(name) + " must be a numpy array or support __dlpack__");
+    }
+    if (got != shape) {
+      std::string want;
+      for (int64_t x : shape) want += (want.empty() ? "" : ", ") + std::to_string(x);
+      throw py::value_error(std::string(name) + " must have shape [" + want + "]");
+    }
+    size_ = 1;
+    for (int64_t x : shape) size_ *= static_cast<size_t>(x);
+  }
+  ~FloatTensor() {
+    if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
+  }
+  FloatTensor(const FloatTensor&) = delete;
+  FloatTensor& operator=(const FloatTensor&) = delete;
+
+  absl::Span<float> span() const { return absl::MakeSpan(data_, size_); }
+
+ private:
+  py::object keep_, capsule_;
+  DLManagedTensor* managed_ = nullptr;
+  float* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 
 // ---- The cache ----
 
@@ -698,6 +769,39 @@ PYBIND11_MODULE(kvtier, m) {
                              "kv_scale_orig_quant"_a = l.kv_scale_orig_quant);
            },
            "format"_a, "layer"_a)
+      // ---- kvtier's decode attention (CPU reference or the fused CUDA kernel) ----
+      .def("decode_attention",
+           [](const PyCache& c, int32_t layer, const py::object& batch, const py::object& q,
+              const py::object& out, const py::object& lse, std::optional<float> softmax_scale) {
+             PageTables tables;
+             if (py::isinstance<PageTables>(batch)) {
+               tables = batch.cast<PageTables>();
+             } else {
+               const std::vector<SequenceId> seqs = batch.cast<std::vector<SequenceId>>();
+               Check((*c).BuildPageTables(seqs, &tables));
+             }
+             const Geometry& g = c.geometry();
+             const BackendKind backend = c.cache->options().backend;
+             const int64_t rows = static_cast<int64_t>(tables.seq_lens.size());
+             const py::tuple qshape = q.attr("shape");
+             if (qshape.size() != 3) throw py::value_error("q must be [batch, num_q_heads, head_dim]");
+             const int64_t heads = qshape[1].cast<int64_t>();
+             const FloatTensor qt(q, backend, {rows, heads, g.head_dim}, "q");
+             const FloatTensor ot(out, backend, {rows, heads, g.head_dim}, "out");
+             const FloatTensor lt(lse, backend, {rows, heads}, "lse");
+             const float scale = softmax_scale.value_or(1.f / std::sqrt(static_cast<float>(g.head_dim)));
+             Check(DecodeAttention(*c.cache, layer, tables,
+                                   DecodeQueries{qt.span(), static_cast<int32_t>(heads), scale},
+                                   DecodeOutputs{ot.span(), lt.span(), {}, 0},
+                                   DeviceLaunch{nullptr, /*synchronize=*/true}));
+           },
+           "layer"_a, "batch"_a, "q"_a, "out"_a, "lse"_a, "softmax_scale"_a = py::none(),
+           "Decode attention for `batch` (PageTables from build_page_tables, or a list of "
+           "SequenceId) with kvtier's own kernel: the fused mixed-format kernel on the CUDA "
+           "backend (q, out, lse: float32 CUDA tensors via __dlpack__, e.g. torch), the CPU "
+           "reference on the CPU backend (numpy float32 arrays). q and out are [batch, "
+           "num_q_heads, head_dim], lse [batch, num_q_heads] in natural log; out and lse are "
+           "written in place. Runs on the default stream and waits for the result.")
       // ---- CPU reference attention ----
       .def("reference_attention",
            [](const PyCache& c, int32_t layer, const PageTables& t, const py::object& q,
@@ -723,6 +827,30 @@ PYBIND11_MODULE(kvtier, m) {
         },
         "target"_a, "format"_a, "block_tokens"_a = 16, "head_dim"_a = 128,
         "Raises ValueError naming the format and the target when `target` cannot read `format`.");
+  m.def("merge_states",
+        [](const py::object& out_a, const py::object& lse_a, const py::object& out_b,
+           const py::object& lse_b, const py::object& out, const py::object& lse) {
+          const bool cuda = !py::isinstance<py::array>(out_a) && py::hasattr(out_a, "__dlpack_device__") &&
+                            out_a.attr("__dlpack_device__")().cast<py::tuple>()[0].cast<int>() != 1;
+          const BackendKind backend = cuda ? BackendKind::kCuda : BackendKind::kCpu;
+          const py::tuple shape = out_a.attr("shape");
+          if (shape.size() < 1) throw py::value_error("out_a must be [..., head_dim]");
+          std::vector<int64_t> vs, ss;
+          for (const py::handle& x : shape) vs.push_back(x.cast<int64_t>());
+          ss.assign(vs.begin(), vs.end() - 1);
+          int64_t rows = 1;
+          for (int64_t x : ss) rows *= x;
+          const FloatTensor a(out_a, backend, vs, "out_a"), b(out_b, backend, vs, "out_b");
+          const FloatTensor sa(lse_a, backend, ss, "lse_a"), sb(lse_b, backend, ss, "lse_b");
+          const FloatTensor o(out, backend, vs, "out"), s(lse, backend, ss, "lse");
+          Check(MergeStatesOn(backend, a.span(), sa.span(), b.span(), sb.span(), rows,
+                              static_cast<int32_t>(vs.back()), o.span(), s.span(),
+                              DeviceLaunch{nullptr, /*synchronize=*/true}));
+        },
+        "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a,
+        "Merges two partial attention states exactly by natural-log LSE into out/lse (in place; "
+        "may alias a or b): outputs [..., head_dim], LSEs [...], all float32; numpy arrays merge "
+        "on the CPU, CUDA tensors (via __dlpack__) with kvtier's merge kernel.");
   m.def("natural_to_base2_lse",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> a) {
           py::array_t<float> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));

@@ -193,8 +193,8 @@ absl::StatusOr<PagedLayer> GetPagedLayer(const Cache& cache, int32_t layer) {
   return kv;
 }
 
-absl::Status PagedDecodeAttention(const PagedLayer& kv, const PageTables& tables,
-                                  const DecodeQueries& queries, const DecodeOutputs& outputs) {
+absl::Status ValidatePagedDecode(const PagedLayer& kv, const PageTables& tables,
+                                 const DecodeQueries& queries, const DecodeOutputs& outputs) {
   const int64_t batch = static_cast<int64_t>(tables.seq_lens.size());
   if (tables.packed_indptr.size() != static_cast<size_t>(batch) + 1 ||
       tables.packed_indptr[0] != 0 ||
@@ -206,7 +206,6 @@ absl::Status PagedDecodeAttention(const PagedLayer& kv, const PageTables& tables
   if (kv.block_tokens < 1 || kv.formats.empty()) {
     return absl::InvalidArgumentError("the paged layer has no formats or block_tokens < 1");
   }
-  std::vector<int64_t> lengths(batch);
   int64_t max_length = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t pages = tables.packed_indptr[b + 1] - tables.packed_indptr[b];
@@ -225,12 +224,17 @@ absl::Status PagedDecodeAttention(const PagedLayer& kv, const PageTables& tables
             ", outside the pools"));
       }
     }
-    lengths[b] = len;
     max_length = std::max(max_length, len);
   }
-  const absl::Status s =
-      CheckQueries(batch, kv.num_kv_heads, kv.head_dim, queries, outputs, max_length);
+  return CheckQueries(batch, kv.num_kv_heads, kv.head_dim, queries, outputs, max_length);
+}
+
+absl::Status PagedDecodeAttention(const PagedLayer& kv, const PageTables& tables,
+                                  const DecodeQueries& queries, const DecodeOutputs& outputs) {
+  const absl::Status s = ValidatePagedDecode(kv, tables, queries, outputs);
   if (!s.ok()) return s;
+  const int64_t batch = static_cast<int64_t>(tables.seq_lens.size());
+  std::vector<int64_t> lengths(tables.seq_lens.begin(), tables.seq_lens.end());
   AttendBatch(batch, kv.num_kv_heads, kv.head_dim, queries, outputs, lengths, [&](int64_t b) {
     return PagedRows{&kv, tables.packed.data() + tables.packed_indptr[b]};
   });
@@ -263,19 +267,28 @@ absl::Status DenseDecodeAttention(absl::Span<const DenseSequence> seqs, int32_t 
   return absl::OkStatus();
 }
 
+absl::Status ValidateMergeStates(size_t out_a, size_t lse_a, size_t out_b, size_t lse_b,
+                                 int64_t rows, int32_t head_dim, size_t out, size_t lse) {
+  const size_t n = static_cast<size_t>(std::max<int64_t>(rows, 0));
+  const size_t nd = n * static_cast<size_t>(std::max(head_dim, 0));
+  if (rows < 0 || head_dim < 1 || out_a != nd || out_b != nd || out != nd || lse_a != n ||
+      lse_b != n || lse != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MergeStates: ", rows, " rows x head_dim ", head_dim, " need outputs of ", nd,
+        " floats and LSEs of ", n, "; got ", out_a, "/", out_b, "/", out, " and ", lse_a, "/",
+        lse_b, "/", lse));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MergeStates(absl::Span<const float> out_a, absl::Span<const float> lse_a,
                          absl::Span<const float> out_b, absl::Span<const float> lse_b,
                          int64_t rows, int32_t head_dim, absl::Span<float> out,
                          absl::Span<float> lse) {
-  const size_t n = static_cast<size_t>(std::max<int64_t>(rows, 0));
-  const size_t nd = n * static_cast<size_t>(std::max(head_dim, 0));
-  if (rows < 0 || head_dim < 1 || out_a.size() != nd || out_b.size() != nd || out.size() != nd ||
-      lse_a.size() != n || lse_b.size() != n || lse.size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MergeStates: ", rows, " rows x head_dim ", head_dim, " need outputs of ", nd,
-        " floats and LSEs of ", n, "; got ", out_a.size(), "/", out_b.size(), "/", out.size(),
-        " and ", lse_a.size(), "/", lse_b.size(), "/", lse.size()));
-  }
+  const absl::Status s = ValidateMergeStates(out_a.size(), lse_a.size(), out_b.size(),
+                                             lse_b.size(), rows, head_dim, out.size(), lse.size());
+  if (!s.ok()) return s;
+  const size_t n = static_cast<size_t>(rows);
   for (size_t r = 0; r < n; ++r) {
     const double sa = lse_a[r], sb = lse_b[r];
     const double m = std::max(sa, sb);

@@ -73,6 +73,12 @@ struct PagedLayer {
 // Append, Demote or EndStep. InvalidArgument for a bad layer.
 KVTIER_EXPORT absl::StatusOr<PagedLayer> GetPagedLayer(const Cache& cache, int32_t layer);
 
+// The checks PagedDecodeAttention makes before reading anything (span sizes only, so the
+// spans may describe device memory): OK, or InvalidArgument saying what is inconsistent.
+KVTIER_EXPORT absl::Status ValidatePagedDecode(const PagedLayer& kv, const PageTables& tables,
+                                               const DecodeQueries& queries,
+                                               const DecodeOutputs& outputs);
+
 // Decode attention for `tables.seq_lens.size()` sequences over the pages of `kv`, using
 // tables.packed_indptr / packed / seq_lens (per_format is not read). InvalidArgument for
 // inconsistent shapes: spans of the wrong size, num_q_heads not a multiple of num_kv_heads, a
@@ -96,6 +102,11 @@ KVTIER_EXPORT absl::Status DenseDecodeAttention(absl::Span<const DenseSequence> 
                                                 int32_t num_kv_heads, int32_t head_dim,
                                                 const DecodeQueries& queries,
                                                 const DecodeOutputs& outputs);
+
+// MergeStates' size checks, on the span sizes (so the spans may describe device memory).
+KVTIER_EXPORT absl::Status ValidateMergeStates(size_t out_a, size_t lse_a, size_t out_b,
+                                               size_t lse_b, int64_t rows, int32_t head_dim,
+                                               size_t out, size_t lse);
 
 // Merges two partial states of `rows` rows (e.g. batch x heads) into one, exactly:
 // out/lse may alias a or b. A part with lse = -inf is empty and contributes nothing; when both

@@ -6,7 +6,11 @@
 //     a few other pairs, over 32 layers x 1024 blocks x 8 heads x 128 x 16 tokens (2 GiB of
 //     FP16 pages), one launch each;
 //   - append: batch 256 x 1 token (decode) and 256 x 512 tokens (prefill) into FP16 pages, the
-//     kernel alone and through CudaBackend::WriteRows (with slot staging).
+//     kernel alone and through CudaBackend::WriteRows (with slot staging);
+//   - decode attention: the streaming read roof (4 GiB), and the fused decode kernel for FP16,
+//     FP8, NVFP4 and the balanced mix over batch {1, 8, 64, 256} x context {1K, 8K, 32K, 128K},
+//     8 KV / 32 query heads, head_dim 128, 16-token pages in shuffled order, reported as bytes
+//     read (K/V rows, micro-scales, scales) over time against the read roof.
 // Usage: kvtier_gpu_bench OUT.json
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -23,8 +27,10 @@
 #include <vector>
 
 #include "kernels/data_plane.cuh"
+#include "kernels/decode_attention.cuh"
 #include "kernels/page_layout.h"
 #include "kvtier/format.h"
+#include "kvtier/page_tables.h"
 #include "src/cuda/cuda_backend.h"
 
 namespace kvtier {
@@ -94,14 +100,14 @@ struct Result {
   double tbs() const { return bytes / (ms * 1e-3) / 1e12; }
 };
 
-std::string Json(const std::vector<Result>& rs, double roof) {
+std::string Json(const std::vector<Result>& rs, double roof, const char* roof_name = "copy") {
   std::string s = "[";
   for (size_t i = 0; i < rs.size(); ++i) {
     char line[512];
     std::snprintf(line, sizeof(line),
                   "%s\n    {\"name\": \"%s\", \"bytes\": %.0f, \"median_ms\": %.6f, "
-                  "\"tb_per_s\": %.4f, \"pct_of_copy_roof\": %.2f}",
-                  i ? "," : "", rs[i].name.c_str(), rs[i].bytes, rs[i].ms, rs[i].tbs(),
+                  "\"tb_per_s\": %.4f, \"pct_of_%s_roof\": %.2f}",
+                  i ? "," : "", rs[i].name.c_str(), rs[i].bytes, rs[i].ms, rs[i].tbs(), roof_name,
                   100.0 * rs[i].tbs() / roof);
     s += line;
   }
@@ -271,6 +277,165 @@ void Append(cudaStream_t stream, CudaBackend* backend, int seqs, int tokens, con
   CHECK_CUDA(cudaFree(nonfinite));
 }
 
+
+// Streaming read roof: 4 GiB read once with 16-byte loads (the ceiling of decode attention).
+__global__ void ReadAll(const uint4* p, size_t n, uint32_t* sink) {
+  uint32_t x = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(p + i);
+    x ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (x == 0x12345678u) *sink = x;  // keeps the loads
+}
+
+double ReadRoof(cudaStream_t stream, int sms, std::vector<Result>* out) {
+  const size_t bytes = size_t{4} << 30;
+  void* src;
+  uint32_t* sink;
+  CHECK_CUDA(cudaMalloc(&src, bytes));
+  CHECK_CUDA(cudaMalloc(&sink, 4));
+  Fill(src, bytes, 2, 128);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const double ms = MedianMs(stream, 3, 25, 1, [&] {
+    ReadAll<<<sms * 8, 512, 0, stream>>>(static_cast<const uint4*>(src), bytes / 16, sink);
+  });
+  CHECK_CUDA(cudaFree(src));
+  CHECK_CUDA(cudaFree(sink));
+  out->push_back({"read_4GiB", static_cast<double>(bytes), ms});
+  return out->back().tbs();
+}
+
+// Random bytes with bit 6 of each cleared: finite in every format (no FP16 or FP32 Inf/NaN
+// exponent, no E4M3 NaN code).
+__global__ void FillPageBytes(uint32_t* out, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B9u ^ seed;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    out[i] = h & 0xBFBFBFBFu;
+  }
+}
+
+// Bytes the decode kernel reads from one page for one KV head: K and V rows, micro-scales,
+// FP32 scales.
+double PageHeadBytes(const PageLayout& l) {
+  double bytes = 0;
+  for (const CodecLayout* c : {&l.k, &l.v}) {
+    bytes += static_cast<double>(l.tokens) * c->row_bytes;
+    if (c->type == ElementType::kNvfp4) bytes += static_cast<double>(l.tokens) * l.head_dim / 16;
+    if (c->scope == ScaleScope::kBlockHead) bytes += 4;
+    if (c->scope == ScaleScope::kTokenHead) bytes += 4.0 * l.tokens;
+  }
+  return bytes;
+}
+
+// A decode palette and the format of page i of a sequence of n pages.
+struct DecodeCase {
+  const char* name;
+  std::vector<const char*> palette;
+  int (*format_of)(int64_t page, int64_t pages);
+};
+
+// The shape of the balanced policy: the first page and the last 256 tokens FP16, the 2048
+// tokens before them FP8, everything older NVFP4.
+int BalancedFormat(int64_t page, int64_t pages) {
+  if (page == 0 || page >= pages - 16) return 0;
+  return page >= pages - 16 - 128 ? 1 : 2;
+}
+
+// Times one launch of the fused decode kernel (with its split merge) over `batch` sequences of
+// `context` tokens, 32 query and 8 KV heads, head_dim 128, pages in shuffled order. Returns
+// false (and times nothing) when the pools would exceed `max_bytes`.
+bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64_t context,
+            size_t max_bytes, std::vector<Result>* out) {
+  constexpr int kKvHeads = 8, kQHeads = 32, kD = 128, kTokens = 16;
+  const int64_t pages = (context + kTokens - 1) / kTokens;
+  const size_t formats = dc.palette.size();
+  std::vector<PageLayout> layouts;
+  std::vector<int64_t> count(formats, 0);
+  for (const char* name : dc.palette) {
+    layouts.push_back(MakePageLayout(kKvHeads, kTokens, kD, ParseFormat(name).value()));
+  }
+  for (int64_t i = 0; i < pages; ++i) count[dc.format_of(i, pages)] += batch;
+  size_t total = 0;
+  double read = 0;
+  for (size_t f = 0; f < formats; ++f) {
+    total += static_cast<size_t>(count[f]) * layouts[f].page_bytes;
+    read += static_cast<double>(count[f]) * kKvHeads * PageHeadBytes(layouts[f]);
+  }
+  if (total > max_bytes) return false;
+
+  std::mt19937 rng(static_cast<uint32_t>(batch * 131 + pages));
+  gpu::PagedDecodeParams p;
+  std::vector<std::vector<uint32_t>> free_pages(formats);
+  std::vector<void*> pools(formats, nullptr);
+  for (size_t f = 0; f < formats; ++f) {
+    const size_t bytes = std::max<size_t>(static_cast<size_t>(count[f]) * layouts[f].page_bytes, 256);
+    CHECK_CUDA(cudaMalloc(&pools[f], bytes));
+    FillPageBytes<<<4096, 256, 0, stream>>>(static_cast<uint32_t*>(pools[f]), bytes / 4,
+                                            static_cast<uint32_t>(f + 1));
+    CHECK_CUDA(cudaGetLastError());
+    p.pools[f] = {static_cast<const uint8_t*>(pools[f]), layouts[f], 0.05f, 0.05f};
+    free_pages[f].resize(count[f]);
+    std::iota(free_pages[f].begin(), free_pages[f].end(), 0u);
+    std::shuffle(free_pages[f].begin(), free_pages[f].end(), rng);
+  }
+  std::vector<int32_t> indptr(batch + 1, 0), lens(batch, static_cast<int32_t>(context));
+  std::vector<uint32_t> packed;
+  packed.reserve(static_cast<size_t>(batch) * pages);
+  for (int b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < pages; ++i) {
+      const int f = dc.format_of(i, pages);
+      packed.push_back(PackPage(f, free_pages[f].back()));
+      free_pages[f].pop_back();
+    }
+    indptr[b + 1] = static_cast<int32_t>(packed.size());
+  }
+  const size_t rows = static_cast<size_t>(batch) * kQHeads;
+  const gpu::DecodeSplit split = gpu::ChooseDecodeSplit(batch, kKvHeads, static_cast<int32_t>(pages), sms);
+  const int64_t workspace = gpu::DecodeWorkspaceFloats(batch, kQHeads, split.num_splits);
+  void *d_indptr, *d_packed, *d_lens, *d_q, *d_out, *d_lse, *d_work = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_indptr, indptr.size() * 4));
+  CHECK_CUDA(cudaMalloc(&d_packed, packed.size() * 4));
+  CHECK_CUDA(cudaMalloc(&d_lens, lens.size() * 4));
+  CHECK_CUDA(cudaMalloc(&d_q, rows * kD * 4));
+  CHECK_CUDA(cudaMalloc(&d_out, rows * kD * 4));
+  CHECK_CUDA(cudaMalloc(&d_lse, rows * 4));
+  if (workspace > 0) CHECK_CUDA(cudaMalloc(&d_work, workspace * 4));
+  CHECK_CUDA(cudaMemcpy(d_indptr, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_packed, packed.data(), packed.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  Fill(d_q, rows * kD * 4, 3, kD);  // FP16 bit patterns read as floats: finite, varied
+  FillPageBytes<<<256, 256, 0, stream>>>(static_cast<uint32_t*>(d_q), rows * kD, 9);
+  p.num_formats = static_cast<int32_t>(formats);
+  p.packed_indptr = static_cast<const int32_t*>(d_indptr);
+  p.packed = static_cast<const uint32_t*>(d_packed);
+  p.seq_lens = static_cast<const int32_t*>(d_lens);
+  p.batch = batch;
+  p.num_q_heads = kQHeads;
+  p.num_kv_heads = kKvHeads;
+  p.softmax_scale = 1e-20f;  // q holds random float bits; keep the logits small
+  p.q = static_cast<const float*>(d_q);
+  p.out = static_cast<float*>(d_out);
+  p.lse = static_cast<float*>(d_lse);
+  p.num_splits = split.num_splits;
+  p.pages_per_split = split.pages_per_split;
+  p.workspace = static_cast<float*>(d_work);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const int runs = read > 4e9 ? 10 : 30;
+  const double ms = MedianMs(stream, 3, runs, 1, [&] { CHECK_CUDA(gpu::LaunchPagedDecode(p, stream)); });
+  char name[128];
+  std::snprintf(name, sizeof(name), "decode_%s_b%d_ctx%lldk_splits%d", dc.name, batch,
+                static_cast<long long>(context / 1024), split.num_splits);
+  out->push_back({name, read, ms});
+  for (void* ptr : pools) CHECK_CUDA(cudaFree(ptr));
+  for (void* ptr : {d_indptr, d_packed, d_lens, d_q, d_out, d_lse, d_work}) CHECK_CUDA(cudaFree(ptr));
+  return true;
+}
+
 int Main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s OUT.json\n", argv[0]);
@@ -312,6 +477,28 @@ int Main(int argc, char** argv) {
   Append(stream, backend->get(), 256, 1, "append_fp16_batch256x1", &appends);
   Append(stream, backend->get(), 256, 512, "append_fp16_batch256x512", &appends);
 
+  std::vector<Result> read_runs, decodes;
+  const double read_roof = ReadRoof(stream, prop.multiProcessorCount, &read_runs);
+  const std::vector<DecodeCase> cases = {
+      {"fp16", {"fp16"}, [](int64_t, int64_t) { return 0; }},
+      {"fp8_e4m3_block_head", {"fp8_e4m3/block_head"}, [](int64_t, int64_t) { return 0; }},
+      {"nvfp4_block_head", {"nvfp4/block_head"}, [](int64_t, int64_t) { return 0; }},
+      {"balanced_mix",
+       {"fp16", "fp8_e4m3/block_head", "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
+       BalancedFormat},
+  };
+  for (int batch : {1, 8, 64, 256}) {
+    for (int64_t context : {1024, 8192, 32768, 131072}) {
+      for (const DecodeCase& dc : cases) {
+        if (!Decode(stream, prop.multiProcessorCount, dc, batch, context, size_t{48} << 30,
+                    &decodes)) {
+          std::printf("skipped decode %s batch %d x %lld tokens: over 48 GiB of pages\n", dc.name,
+                      batch, static_cast<long long>(context));
+        }
+      }
+    }
+  }
+
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
@@ -323,10 +510,12 @@ int Main(int argc, char** argv) {
   std::fprintf(f,
                "{\n  \"gpu\": \"%s\",\n  \"sms\": %d,\n  \"l2_bytes\": %d,\n  \"date\": \"%s\",\n"
                "  \"fast_codec_self_check\": %s,\n  \"copy_roof_tb_per_s\": %.4f,\n"
-               "  \"roof\": %s,\n  \"migration\": %s,\n  \"append\": %s\n}\n",
+               "  \"roof\": %s,\n  \"migration\": %s,\n  \"append\": %s,\n"
+               "  \"read_roof_tb_per_s\": %.4f,\n  \"read_roof\": %s,\n  \"decode\": %s\n}\n",
                prop.name, prop.multiProcessorCount, prop.l2CacheSize, date,
                check.passed ? "true" : "false", roof, Json(roof_runs, roof).c_str(),
-               Json(migrations, roof).c_str(), Json(appends, roof).c_str());
+               Json(migrations, roof).c_str(), Json(appends, roof).c_str(), read_roof,
+               Json(read_runs, read_roof, "read").c_str(), Json(decodes, read_roof, "read").c_str());
   std::fclose(f);
 
   std::printf("%-44s %10s %9s %8s\n", "benchmark", "median_us", "TB/s", "% roof");
@@ -334,6 +523,13 @@ int Main(int argc, char** argv) {
     for (const Result& r : *rs) {
       std::printf("%-44s %10.1f %9.3f %7.1f%%\n", r.name.c_str(), r.ms * 1e3, r.tbs(),
                   100.0 * r.tbs() / roof);
+    }
+  }
+  std::printf("%-44s %10s %9s %8s\n", "decode (bytes read)", "median_us", "TB/s", "% read");
+  for (const auto* rs : {&read_runs, &decodes}) {
+    for (const Result& r : *rs) {
+      std::printf("%-44s %10.1f %9.3f %7.1f%%\n", r.name.c_str(), r.ms * 1e3, r.tbs(),
+                  100.0 * r.tbs() / read_roof);
     }
   }
   std::printf("fast codec self-check: %s\n", check.passed ? "passed" : "FAILED");

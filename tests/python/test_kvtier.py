@@ -295,6 +295,43 @@ def test_partition_and_merge_equals_whole_attention():
         kvtier.merge_partial_states(len(seqs), [(np.array([0, 0]), po[:2], pl[:2])])
 
 
+def test_decode_attention_on_the_cpu_backend_is_the_reference():
+    cache, seqs, tables = mixed_batch()
+    q = np.random.default_rng(8).normal(size=(len(seqs), 4, D)).astype(np.float32)
+    want, want_lse = cache.reference_attention(1, tables, q)
+    out = np.zeros_like(want)
+    lse = np.zeros_like(want_lse)
+    cache.decode_attention(1, tables, q, out, lse)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(lse, want_lse)
+    out2 = np.zeros_like(want)
+    cache.decode_attention(1, seqs, q, out2, lse, softmax_scale=0.5)  # a list of sequences
+    assert not np.array_equal(out2, want)  # the scale reached the kernel
+    with pytest.raises(ValueError, match="out must have shape"):
+        cache.decode_attention(1, tables, q, out[:2], lse)
+    with pytest.raises(ValueError, match="float32"):
+        cache.decode_attention(1, tables, q, out.astype(np.float64), lse)
+    with pytest.raises(ValueError, match="multiple"):
+        q3 = np.zeros((len(seqs), 3, D), np.float32)
+        cache.decode_attention(1, tables, q3, np.zeros_like(q3), np.zeros((len(seqs), 3), np.float32))
+
+
+def test_merge_states_in_place():
+    rng = np.random.default_rng(9)
+    a, b = rng.normal(size=(2, 5, 3, D)).astype(np.float32)
+    sa, sb = rng.normal(size=(2, 5, 3)).astype(np.float32)
+    sa[0, 0] = -np.inf
+    m = np.maximum(sa, sb)
+    wa, wb = np.exp(sa - m), np.exp(sb - m)
+    want = (a * wa[..., None] + b * wb[..., None]) / (wa + wb)[..., None]
+    want_lse = m + np.log(wa + wb)
+    kvtier.merge_states(a, sa, b, sb, a, sa)  # in place over a
+    np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sa, want_lse, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="lse_b must have shape"):
+        kvtier.merge_states(a, sa, b, sb[:2], a, sa)
+
+
 def test_views_keep_the_cache_alive():
     cache = make_cache()
     seq = add_random(cache, 3, 9)

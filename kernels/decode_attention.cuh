@@ -1,0 +1,98 @@
+// Host launchers of kvtier's fused paged decode attention and of the LSE merge. Includable from
+// host C++: plain parameter structs and functions that enqueue kernels on a caller's stream.
+// Every buffer is the caller's; the launchers allocate nothing and never synchronize.
+//
+// The decode kernel attends one query token per sequence over that sequence's pages, whatever
+// palette format each page is in: it reads the packed (format, page) table of PageTables, so one
+// launch covers a batch that mixes FP16, FP8 (E4M3/E5M2, every scale scope) and NVFP4 (micro-
+// blocks along head_dim or along tokens, every second-level scope). GQA: the query heads of one
+// KV head share every K/V byte read. Split-KV: each sequence's pages are cut into
+// `num_splits` ranges attended by separate blocks and merged by LSE, so that small batches at
+// long context fill the GPU.
+//
+// Math (docs/attention.md): every stored value is decoded exactly to FP16 (FP8 codes, and NVFP4
+// E2M1 x E4M3 products, are all FP16 values); q is rounded to FP16; logits and P.V are tensor-
+// core products accumulated in FP32; the per-token and per-block FP32 scales are applied in
+// FP32 (to the logits for K, folded into the FP16 probabilities for V). Relative to the FP32
+// CPU reference (src/attention/reference_attention.h) on the same pages, outputs agree to about
+// 2e-3 relative L2 per head and the natural-log LSE to about 2e-3 absolute.
+#ifndef KVTIER_KERNELS_DECODE_ATTENTION_CUH_
+#define KVTIER_KERNELS_DECODE_ATTENTION_CUH_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/page_layout.h"
+
+namespace kvtier::gpu {
+
+constexpr int kDecodeHeadDim = 128;     // the head_dim the kernel is built for
+constexpr int kDecodeBlockTokens = 16;  // tokens per page the kernel is built for
+constexpr int kDecodeMaxGroup = 16;     // query heads per KV head, at most
+constexpr int kDecodeMaxFormats = 8;    // palette entries (the packed table's 3 format bits)
+
+// One palette format's pool in one layer.
+struct DecodePool {
+  const uint8_t* base = nullptr;  // page p at base + p * layout.page_bytes
+  PageLayout layout{};
+  float k_tensor_scale = 1.f;  // for ScaleScope::kTensor codecs
+  float v_tensor_scale = 1.f;
+};
+
+struct PagedDecodeParams {
+  DecodePool pools[kDecodeMaxFormats];
+  int32_t num_formats = 0;
+  const int32_t* packed_indptr = nullptr;  // device [batch + 1]
+  const uint32_t* packed = nullptr;        // device, PackPage(format, page) per block
+  const int32_t* seq_lens = nullptr;       // device [batch]
+  int32_t batch = 0;
+  int32_t num_q_heads = 0;   // REQUIRES: num_kv_heads * g with 1 <= g <= kDecodeMaxGroup
+  int32_t num_kv_heads = 0;
+  float softmax_scale = 0.f;
+  const float* q = nullptr;  // device [batch, num_q_heads, kDecodeHeadDim]
+  float* out = nullptr;      // device [batch, num_q_heads, kDecodeHeadDim]
+  float* lse = nullptr;      // device [batch, num_q_heads], natural log; -inf for an empty sequence
+  // Split-KV: split s of a sequence attends its pages [s * pages_per_split, (s + 1) * ...).
+  int32_t num_splits = 1;
+  int32_t pages_per_split = 0;  // REQUIRES: num_splits * pages_per_split >= every page count
+  // With num_splits > 1: device workspace of DecodeWorkspaceFloats() floats.
+  float* workspace = nullptr;
+};
+
+// A split count that fills `num_sms` multiprocessors for this batch shape, and pages per split.
+struct DecodeSplit {
+  int32_t num_splits;
+  int32_t pages_per_split;
+};
+DecodeSplit ChooseDecodeSplit(int32_t batch, int32_t num_kv_heads, int32_t max_pages,
+                              int32_t num_sms);
+
+// Floats of workspace a launch with these shapes needs (0 when num_splits == 1).
+int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_splits);
+
+// Enqueues the decode kernel and, with num_splits > 1, the merge of its partial states.
+// Returns cudaErrorInvalidValue for shapes outside the REQUIRES above (the host wrapper in
+// src/attention/decode_attention.h checks them first and says why).
+cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream);
+
+// Merges `parts` partial attention states per row into one, exactly by log-sum-exp (natural
+// log): part k of row r is v[k * v_part_stride + r * head_dim ...] with LSE
+// s[k * s_part_stride + r]. A part with LSE -inf is empty; a row whose parts are all empty gets a
+// zero output and LSE -inf. out/lse must not alias the inputs.
+struct MergeStatesParams {
+  const float* v = nullptr;
+  const float* s = nullptr;
+  int64_t v_part_stride = 0;
+  int64_t s_part_stride = 0;
+  int32_t parts = 0;
+  int64_t rows = 0;
+  int32_t head_dim = 0;
+  float* out = nullptr;  // [rows, head_dim]
+  float* lse = nullptr;  // [rows]
+};
+cudaError_t LaunchMergeStates(const MergeStatesParams& p, cudaStream_t stream);
+
+}  // namespace kvtier::gpu
+
+#endif  // KVTIER_KERNELS_DECODE_ATTENTION_CUH_

@@ -1,0 +1,51 @@
+// Decode attention with the backend of a cache: the CPU reference on the CPU backend, kvtier's
+// fused mixed-format kernel (kernels/decode_attention.cuh) on the CUDA backend. The shapes and
+// the math are those of reference_attention.h; on the CUDA backend the query and output spans
+// describe device memory, and the fused kernel's accuracy against the reference is stated in
+// docs/attention.md.
+//
+// Thread-safety: as reference_attention.h; the caller must not write, demote or release the
+// sequences of `tables` until the attention has finished on the device.
+#ifndef KVTIER_SRC_ATTENTION_DECODE_ATTENTION_H_
+#define KVTIER_SRC_ATTENTION_DECODE_ATTENTION_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kvtier/cache.h"
+#include "kvtier/export.h"
+#include "kvtier/page_tables.h"
+#include "src/attention/reference_attention.h"
+
+namespace kvtier {
+
+struct DeviceLaunch {
+  void* stream = nullptr;    // a cudaStream_t. Default: the legacy default stream
+  bool synchronize = false;  // wait for the work to finish. Default: return once enqueued
+};
+
+// Decode attention over `layer` of `cache` for the batch of `tables` (BuildPageTables of this
+// step). CPU backend: PagedDecodeAttention on host spans (`launch` is ignored). CUDA backend:
+// the fused kernel; `tables` are copied to the device by the call (so they may be freed when it
+// returns) and the work runs on launch.stream. outputs.logits must be empty there.
+// InvalidArgument as ValidatePagedDecode; also, on CUDA, for a head_dim other than 128, pages
+// of other than 16 tokens, GQA groups over 16, or BF16 pages, which the fused kernel does not
+// read. Unavailable in builds without CUDA; Internal for a CUDA error.
+KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
+                                           const PageTables& tables, const DecodeQueries& queries,
+                                           const DecodeOutputs& outputs,
+                                           const DeviceLaunch& launch = {});
+
+// MergeStates (reference_attention.h) for spans in the memory of `backend`: on the CUDA backend
+// with the LSE merge kernel, on launch.stream. out/lse may alias a or b.
+KVTIER_EXPORT absl::Status MergeStatesOn(BackendKind backend, absl::Span<const float> out_a,
+                                         absl::Span<const float> lse_a,
+                                         absl::Span<const float> out_b,
+                                         absl::Span<const float> lse_b, int64_t rows,
+                                         int32_t head_dim, absl::Span<float> out,
+                                         absl::Span<float> lse, const DeviceLaunch& launch = {});
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SRC_ATTENTION_DECODE_ATTENTION_H_

@@ -1,0 +1,155 @@
+#include "src/cuda/cuda_decode_attention.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/decode_attention.cuh"
+#include "src/cuda/cuda_status.h"
+
+namespace kvtier {
+namespace {
+
+// Stream-ordered device buffers of one call, freed on the stream when it ends (the stream-
+// ordered allocator keeps the memory pooled, so steady-state calls do not reach the driver).
+class StreamBuffers {
+ public:
+  explicit StreamBuffers(cudaStream_t stream) : stream_(stream) {}
+  ~StreamBuffers() {
+    for (void* p : owned_) cudaFreeAsync(p, stream_);
+  }
+  template <typename T>
+  absl::StatusOr<T*> Allocate(size_t count) {
+    void* p = nullptr;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&p, std::max<size_t>(count, 1) * sizeof(T), stream_));
+    owned_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  template <typename T>
+  absl::StatusOr<T*> Upload(const std::vector<T>& host) {
+    KVTIER_ASSIGN_OR_RETURN(T * d, Allocate<T>(host.size()));
+    if (!host.empty()) {
+      KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, host.data(), host.size() * sizeof(T),
+                                                  cudaMemcpyHostToDevice, stream_));
+    }
+    return d;
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<void*> owned_;
+};
+
+absl::Status Finish(cudaStream_t stream, const DeviceLaunch& launch) {
+  if (launch.synchronize) KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CudaDecodeAttention(const PagedLayer& kv, const PageTables& tables,
+                                 const DecodeQueries& queries, const DecodeOutputs& outputs,
+                                 const DeviceLaunch& launch) {
+  KVTIER_RETURN_IF_ERROR(ValidatePagedDecode(kv, tables, queries, outputs));
+  const int32_t group = queries.num_q_heads / kv.num_kv_heads;
+  if (kv.head_dim != gpu::kDecodeHeadDim || kv.block_tokens != gpu::kDecodeBlockTokens ||
+      group > gpu::kDecodeMaxGroup) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the fused decode kernel reads head_dim ", gpu::kDecodeHeadDim, ", pages of ",
+        gpu::kDecodeBlockTokens, " tokens and GQA groups up to ", gpu::kDecodeMaxGroup,
+        "; this cache has head_dim ", kv.head_dim, ", ", kv.block_tokens,
+        "-token pages and the queries a group of ", group));
+  }
+  if (!outputs.logits.empty()) {
+    return absl::InvalidArgumentError("the fused decode kernel does not return logits");
+  }
+  if (kv.formats.size() > static_cast<size_t>(gpu::kDecodeMaxFormats)) {
+    return absl::InvalidArgumentError(absl::StrCat("a palette of ", kv.formats.size(),
+                                                   " formats; the packed table names at most ",
+                                                   gpu::kDecodeMaxFormats));
+  }
+  gpu::PagedDecodeParams p;
+  for (size_t f = 0; f < kv.formats.size(); ++f) {
+    const PagedLayer::Format& format = kv.formats[f];
+    if (format.layout.k.type == ElementType::kBf16 || format.layout.v.type == ElementType::kBf16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "palette format ", f, " stores BF16, which the fused decode kernel does not read "
+          "(use an FP16 hot format)"));
+    }
+    p.pools[f] = {format.base, format.layout, format.k_tensor_scale, format.v_tensor_scale};
+  }
+  p.num_formats = static_cast<int32_t>(kv.formats.size());
+  const int32_t batch = static_cast<int32_t>(tables.seq_lens.size());
+  int32_t max_pages = 0;
+  for (int32_t b = 0; b < batch; ++b) {
+    max_pages = std::max(max_pages, tables.packed_indptr[b + 1] - tables.packed_indptr[b]);
+  }
+  int device = 0, sms = 0;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const gpu::DecodeSplit split = gpu::ChooseDecodeSplit(batch, kv.num_kv_heads, max_pages, sms);
+
+  const auto stream = static_cast<cudaStream_t>(launch.stream);
+  StreamBuffers buffers(stream);
+  KVTIER_ASSIGN_OR_RETURN(p.packed_indptr, buffers.Upload(tables.packed_indptr));
+  KVTIER_ASSIGN_OR_RETURN(p.packed, buffers.Upload(tables.packed));
+  KVTIER_ASSIGN_OR_RETURN(p.seq_lens, buffers.Upload(tables.seq_lens));
+  p.batch = batch;
+  p.num_q_heads = queries.num_q_heads;
+  p.num_kv_heads = kv.num_kv_heads;
+  p.softmax_scale = queries.softmax_scale;
+  p.q = queries.q.data();
+  p.out = outputs.out.data();
+  p.lse = outputs.lse.data();
+  p.num_splits = split.num_splits;
+  p.pages_per_split = split.pages_per_split;
+  const int64_t workspace =
+      gpu::DecodeWorkspaceFloats(batch, queries.num_q_heads, split.num_splits);
+  if (workspace > 0) {
+    KVTIER_ASSIGN_OR_RETURN(p.workspace, buffers.Allocate<float>(static_cast<size_t>(workspace)));
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchPagedDecode(p, stream));
+  return Finish(stream, launch);
+}
+
+absl::Status CudaMergeStates(absl::Span<const float> out_a, absl::Span<const float> lse_a,
+                             absl::Span<const float> out_b, absl::Span<const float> lse_b,
+                             int64_t rows, int32_t head_dim, absl::Span<float> out,
+                             absl::Span<float> lse, const DeviceLaunch& launch) {
+  KVTIER_RETURN_IF_ERROR(ValidateMergeStates(out_a.size(), lse_a.size(), out_b.size(),
+                                             lse_b.size(), rows, head_dim, out.size(), lse.size()));
+  const size_t n = static_cast<size_t>(rows);
+  const size_t nd = n * static_cast<size_t>(head_dim);
+  // The kernel reads parts at one stride: gather both into one buffer.
+  const auto stream = static_cast<cudaStream_t>(launch.stream);
+  StreamBuffers buffers(stream);
+  KVTIER_ASSIGN_OR_RETURN(float* parts, buffers.Allocate<float>(2 * (nd + n)));
+  float* v = parts;
+  float* s = parts + 2 * nd;
+  const auto copy = [&](float* dst, absl::Span<const float> src) {
+    return cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(float), cudaMemcpyDeviceToDevice,
+                           stream);
+  };
+  if (n > 0) {
+    KVTIER_CUDA_RETURN_IF_ERROR(copy(v, out_a));
+    KVTIER_CUDA_RETURN_IF_ERROR(copy(v + nd, out_b));
+    KVTIER_CUDA_RETURN_IF_ERROR(copy(s, lse_a));
+    KVTIER_CUDA_RETURN_IF_ERROR(copy(s + n, lse_b));
+  }
+  gpu::MergeStatesParams p;
+  p.v = v;
+  p.s = s;
+  p.v_part_stride = static_cast<int64_t>(nd);
+  p.s_part_stride = static_cast<int64_t>(n);
+  p.parts = 2;
+  p.rows = rows;
+  p.head_dim = head_dim;
+  p.out = out.data();
+  p.lse = lse.data();
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchMergeStates(p, stream));
+  return Finish(stream, launch);
+}
+
+}  // namespace kvtier

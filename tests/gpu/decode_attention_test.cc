@@ -1,0 +1,272 @@
+// The fused decode kernel against the CPU reference: a CPU and a CUDA cache hold the same
+// bytes (CachePair), the reference attends the CPU cache and the kernel the CUDA cache, for
+// every format of the palettes below mixed within sequences, GQA groups 1 to 16, batch 1 to
+// 256, contexts 1 to 128K tokens (split-KV), ragged lengths and empty sequences. Tolerances are
+// the ones docs/attention.md states. Also: the LSE merge kernel against MergeStates, and the
+// kernel's refusals.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "kvtier/cache.h"
+#include "kvtier/format.h"
+#include "src/attention/decode_attention.h"
+#include "tests/gpu/cache_pair.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace kvtier::testing {
+namespace {
+
+constexpr double kOutTolerance = 5e-3;  // relative L2 per (sequence, head)
+constexpr double kLseTolerance = 5e-3;  // absolute, natural log
+
+Options MakeOptions(const std::vector<std::string>& palette, int64_t budget_mib) {
+  Options o;
+  o.geometry = Geometry{1, 8, 128, 16};
+  o.memory_budget_bytes = static_cast<size_t>(budget_mib) << 20;
+  for (const std::string& name : palette) o.palette.push_back(ParseFormat(name).value());
+  return o;
+}
+
+// Adds sequences of `lengths` with random K/V, then demotes each full block to a palette
+// format drawn at random (weights: index 0 stays hot).
+std::vector<SequenceId> Fill(CachePair& pair, const std::vector<int64_t>& lengths,
+                             std::mt19937* rng) {
+  std::vector<SequenceId> seqs;
+  for (size_t i = 0; i < lengths.size(); ++i) seqs.push_back(pair.AddSequence());
+  EXPECT_TRUE(pair.AppendBatch(seqs, lengths).ok());
+  pair.WriteAllLayers(rng, /*specials=*/false);
+  const int formats = static_cast<int>(pair.options().palette.size());
+  std::vector<std::vector<BlockId>> to(formats);
+  std::uniform_int_distribution<int> pick(0, formats - 1);
+  for (SequenceId s : seqs) {
+    const std::vector<BlockId> blocks = pair.gpu().SequenceBlocks(s).value();
+    for (BlockId b : blocks) {
+      if (pair.gpu().GetBlockInfo(b).value().num_tokens == 16) to[pick(*rng)].push_back(b);
+    }
+  }
+  for (int f = 1; f < formats; ++f) {
+    if (!to[f].empty()) {
+      EXPECT_TRUE(pair.Demote(to[f], f).ok()) << "format " << f;
+    }
+  }
+  return seqs;
+}
+
+struct Outputs {
+  std::vector<float> out, lse;
+};
+
+// The reference on the CPU cache and the kernel on the CUDA cache; returns "" when they agree.
+std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int group,
+                    std::mt19937* rng) {
+  const Geometry& g = pair.options().geometry;
+  const int q_heads = g.num_kv_heads * group;
+  const size_t rows = seqs.size() * q_heads;
+  std::vector<float> q(rows * g.head_dim);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (float& x : q) x = normal(*rng);
+  const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
+
+  PageTables ct, gt;
+  if (!pair.cpu().BuildPageTables(seqs, &ct).ok() || !pair.gpu().BuildPageTables(seqs, &gt).ok()) {
+    return "BuildPageTables failed";
+  }
+  Outputs ref{std::vector<float>(rows * g.head_dim), std::vector<float>(rows)};
+  absl::Status s = DecodeAttention(pair.cpu(), 0, ct, {q, q_heads, scale},
+                                   {absl::MakeSpan(ref.out), absl::MakeSpan(ref.lse), {}, 0});
+  if (!s.ok()) return absl::StrCat("reference: ", s.ToString());
+
+  DeviceBuffer dq, dout(rows * g.head_dim * 4), dlse(rows * 4);
+  dq.Upload(q);
+  auto* out = static_cast<float*>(dout.data());
+  auto* lse = static_cast<float*>(dlse.data());
+  s = DecodeAttention(pair.gpu(), 0, gt,
+                      {absl::MakeConstSpan(static_cast<const float*>(dq.data()), q.size()), q_heads,
+                       scale},
+                      {absl::MakeSpan(out, rows * g.head_dim), absl::MakeSpan(lse, rows), {}, 0},
+                      {nullptr, true});
+  if (!s.ok()) return absl::StrCat("kernel: ", s.ToString());
+  Outputs got{std::vector<float>(rows * g.head_dim), std::vector<float>(rows)};
+  cudaMemcpy(got.out.data(), out, got.out.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(got.lse.data(), lse, got.lse.size() * 4, cudaMemcpyDeviceToHost);
+
+  double worst_out = 0, worst_lse = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const int64_t length = ct.seq_lens[r / q_heads];
+    if (length == 0) {
+      if (!std::isinf(got.lse[r]) || got.lse[r] > 0) {
+        return absl::StrCat("row ", r, ": empty sequence, lse ", got.lse[r]);
+      }
+      for (int d = 0; d < g.head_dim; ++d) {
+        if (got.out[r * g.head_dim + d] != 0.f) return absl::StrCat("row ", r, ": nonzero output");
+      }
+      continue;
+    }
+    double num = 0, den = 0;
+    for (int d = 0; d < g.head_dim; ++d) {
+      const double a = ref.out[r * g.head_dim + d], b = got.out[r * g.head_dim + d];
+      num += (a - b) * (a - b);
+      den += a * a;
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    const double dl = std::fabs(static_cast<double>(ref.lse[r]) - got.lse[r]);
+    if (!(rel <= kOutTolerance) || !(dl <= kLseTolerance)) {
+      return absl::StrCat("row ", r, " (sequence ", r / q_heads, ", ", length,
+                          " tokens): output rel. error ", rel, ", lse ", ref.lse[r], " vs ",
+                          got.lse[r]);
+    }
+    worst_out = std::max(worst_out, rel);
+    worst_lse = std::max(worst_lse, dl);
+  }
+  std::printf("    %zu sequences, group %d: worst output rel. error %.2e, lse error %.2e\n",
+              seqs.size(), group, worst_out, worst_lse);
+  return "";
+}
+
+const std::vector<std::vector<std::string>>& Palettes() {
+  static const auto* const palettes = new std::vector<std::vector<std::string>>{
+      {"fp16", "fp8_e4m3/tensor", "fp8_e4m3/block_head", "fp8_e4m3/token_head",
+       "fp8_e5m2/tensor", "fp8_e5m2/block_head", "fp8_e5m2/token_head", "nvfp4/tensor"},
+      {"fp16", "k:fp16,v:fp8_e4m3/block_head", "fp8_e4m3/block_head", "nvfp4/block_head",
+       "nvfp4_channel/block_head", "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
+      {"fp8_e4m3/token_head", "nvfp4/block_head"},  // an FP8 hot format: partial FP8 tails
+      {"nvfp4/tensor"},                             // NVFP4 tails
+  };
+  return *palettes;
+}
+
+TEST(DecodeAttentionTest, EveryFormatMixGroupAndRaggedLength) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  for (const auto& palette : Palettes()) {
+    SCOPED_TRACE(absl::StrJoin(palette, " "));
+    auto pair = CachePair::Create(MakeOptions(palette, 512)).value();
+    const std::vector<int64_t> lengths = {0, 1, 15, 16, 17, 31, 100, 256, 257, 1000, 2049, 4096,
+                                          5000, 333, 48, 7};
+    const std::vector<SequenceId> seqs = Fill(*pair, lengths, &rng);
+    for (int group : {1, 4, 7, 8, 9, 16}) {
+      EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
+    }
+  }
+}
+
+TEST(DecodeAttentionTest, Batch256Ragged) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  auto pair = CachePair::Create(MakeOptions(Palettes()[1], 1024)).value();
+  std::vector<int64_t> lengths;
+  std::uniform_int_distribution<int64_t> len(1, 2048);
+  for (int i = 0; i < TestScale(256); ++i) lengths.push_back(len(rng));
+  const std::vector<SequenceId> seqs = Fill(*pair, lengths, &rng);
+  EXPECT_EQ(Compare(*pair, seqs, 4, &rng), "");
+}
+
+// Batch 1 and 3 at long context: split-KV with its merge, the policy shape (NVFP4 old, FP8
+// middle, FP16 recent and sink).
+TEST(DecodeAttentionTest, LongContextSplitKv) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  const int64_t context = TestScale(131072);
+  auto pair = CachePair::Create(
+                  MakeOptions({"fp16", "fp8_e4m3/block_head",
+                               "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
+                              2048))
+                  .value();
+  for (int batch : {1, 3}) {
+    std::vector<int64_t> lengths(batch, context);
+    lengths.back() = context - 5;
+    std::vector<SequenceId> seqs;
+    for (int i = 0; i < batch; ++i) seqs.push_back(pair->AddSequence());
+    ASSERT_TRUE(pair->AppendBatch(seqs, lengths).ok());
+    pair->WriteAllLayers(&rng, false);
+    std::vector<BlockId> warm, cold;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const std::vector<BlockId> blocks = pair->gpu().SequenceBlocks(seqs[i]).value();
+      const int64_t n = static_cast<int64_t>(blocks.size());
+      for (int64_t j = 1; j + 16 < n; ++j) (j + 128 < n ? cold : warm).push_back(blocks[j]);
+    }
+    ASSERT_TRUE(pair->Demote(warm, 1).ok());
+    ASSERT_TRUE(pair->Demote(cold, 2).ok());
+    EXPECT_EQ(Compare(*pair, seqs, 4, &rng), "") << "batch " << batch;
+    for (SequenceId s : seqs) pair->Release(s);
+    ASSERT_TRUE(pair->gpu().EndStep().ok());
+    ASSERT_TRUE(pair->cpu().EndStep().ok());
+  }
+}
+
+TEST(DecodeAttentionTest, MergeKernelMatchesMergeStates) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  const int64_t rows = 1000;
+  const int dim = 96;
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<float> a(rows * dim), b(rows * dim), sa(rows), sb(rows);
+  for (float& x : a) x = normal(rng);
+  for (float& x : b) x = normal(rng);
+  for (int64_t r = 0; r < rows; ++r) {
+    sa[r] = r % 7 == 0 ? -INFINITY : normal(rng);
+    sb[r] = r % 5 == 0 ? -INFINITY : normal(rng);
+  }
+  std::vector<float> want(rows * dim), want_lse(rows);
+  ASSERT_TRUE(MergeStatesOn(BackendKind::kCpu, a, sa, b, sb, rows, dim, absl::MakeSpan(want),
+                            absl::MakeSpan(want_lse))
+                  .ok());
+  DeviceBuffer da, db, dsa, dsb, dout(rows * dim * 4), dlse(rows * 4);
+  da.Upload(a), db.Upload(b), dsa.Upload(sa), dsb.Upload(sb);
+  auto span = [](const DeviceBuffer& d, size_t n) {
+    return absl::MakeConstSpan(static_cast<const float*>(d.data()), n);
+  };
+  const absl::Status s = MergeStatesOn(
+      BackendKind::kCuda, span(da, a.size()), span(dsa, rows), span(db, b.size()),
+      span(dsb, rows), rows, dim, absl::MakeSpan(static_cast<float*>(dout.data()), a.size()),
+      absl::MakeSpan(static_cast<float*>(dlse.data()), rows), {nullptr, true});
+  ASSERT_TRUE(s.ok()) << s;
+  std::vector<float> got(rows * dim), got_lse(rows);
+  cudaMemcpy(got.data(), dout.data(), got.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(got_lse.data(), dlse.data(), rows * 4, cudaMemcpyDeviceToHost);
+  for (int64_t r = 0; r < rows; ++r) {
+    ASSERT_NEAR(got_lse[r], want_lse[r], 1e-5) << r;
+    for (int d = 0; d < dim; ++d) {
+      ASSERT_NEAR(got[r * dim + d], want[r * dim + d], 1e-5 * (1 + std::fabs(want[r * dim + d])));
+    }
+  }
+}
+
+TEST(DecodeAttentionTest, RefusesWhatItCannotRead) {
+  KVTIER_REQUIRE_GPU();
+  auto expect_refused = [](Options o, int q_heads, const std::string& why) {
+    o.backend = BackendKind::kCuda;
+    auto cache = Cache::Create(o).value();
+    const SequenceId s = cache->AddSequence().value();
+    std::vector<int64_t> slots;
+    ASSERT_TRUE(cache->Append(s, 20, &slots).ok());
+    PageTables t;
+    ASSERT_TRUE(cache->BuildPageTables({s}, &t).ok());
+    const int d = o.geometry.head_dim;
+    DeviceBuffer q(q_heads * d * 4), out(q_heads * d * 4), lse(q_heads * 4);
+    const absl::Status st = DecodeAttention(
+        *cache, 0, t, {absl::MakeConstSpan(static_cast<const float*>(q.data()), q_heads * d), q_heads, 1.f},
+        {absl::MakeSpan(static_cast<float*>(out.data()), q_heads * d),
+         absl::MakeSpan(static_cast<float*>(lse.data()), q_heads), {}, 0});
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find(why), std::string::npos) << st;
+  };
+  Options o = MakeOptions({"fp16"}, 64);
+  o.geometry.head_dim = 64;
+  expect_refused(o, 8, "head_dim");
+  expect_refused(MakeOptions({"fp16"}, 64), 8 * 17, "group");
+  expect_refused(MakeOptions({"bf16"}, 64), 8, "BF16");
+  expect_refused(MakeOptions({"fp16"}, 64), 12, "multiple");
+}
+
+}  // namespace
+}  // namespace kvtier::testing
