@@ -23,7 +23,7 @@ absl::StatusOr<Rule> RuleFor(ElementType type, ScaleConvention c) {
     case ScaleConvention::kModelOpt:
     case ScaleConvention::kTensorRtLlmQuantOrig: return Rule{1.f, 1};
     case ScaleConvention::kTensorRtLlmOrigQuant: return Rule{1.f, -1};
-    case ScaleConvention::kFlashInferKVScale: return Rule{nvfp4 ? 6.f : 1.f, 1};
+    case ScaleConvention::kFlashInferKVScale: return Rule{1.f, 1};
     case ScaleConvention::kFlashInferGlobalSf: return Rule{nvfp4 ? 1.f / 6.f : 1.f, -1};
     case ScaleConvention::kAmaxOver6:
       if (!nvfp4) return absl::InvalidArgumentError("amax / 6 is an NVFP4 convention only");

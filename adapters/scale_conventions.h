@@ -6,8 +6,13 @@
 //   convention                 FP8 value     NVFP4 value    meaning
 //   kKvtier                    s             d              decode multiplier
 //   kModelOpt                  s             d              ModelOpt's exported k/v scale
-//   kFlashInferKVScale         s             6 d = A/448    FlashInfer's k_scale / v_scale
+//   kFlashInferKVScale         s             d              FlashInfer's k_scale / v_scale
 //   kFlashInferGlobalSf        1 / s         1 / (6 d)      FlashInfer quantiser's global_sf
+//
+// FlashInfer's NVFP4 decode computes E2M1 x E4M3 micro-scale x k_scale. kvtier's micro-scales
+// span up to 448, so the k_scale that reads kvtier's pages is d itself (checked against the
+// real kernel on the H200: tests/gpu/python/validate_external.py). FlashInfer's own quantiser
+// makes micro-scales six times smaller and passes A/448 = 6 d; its global_sf is 448/A.
 //   kTensorRtLlmQuantOrig      s             d              kv_scale_quant_orig
 //   kTensorRtLlmOrigQuant      1 / s         1 / d          kv_scale_orig_quant
 //   kAmaxOver6                 (none)        448 d = A/6    some toolkits' NVFP4 global scale

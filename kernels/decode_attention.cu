@@ -76,7 +76,7 @@ __device__ __forceinline__ void Mma(float c[4], const uint32_t a[4], uint32_t b0
 }
 
 __device__ __forceinline__ uint4 Load16(const uint8_t* p) {
-  return __ldg(reinterpret_cast<const uint4*>(p));
+  return *reinterpret_cast<const uint4*>(p);
 }
 
 // 32 FP8 codes (dims 32c..32c+31 of a row, in two uint4) as 16 FP16 pairs in the canonical K
@@ -101,7 +101,7 @@ __device__ __forceinline__ float TokenScale(const PageLayout& l, const CodecLayo
                                             float tensor_scale) {
   if (c.type == ElementType::kFp16 || c.type == ElementType::kBf16) return 1.f;
   if (c.scope == ScaleScope::kBlockHead || c.scope == ScaleScope::kTokenHead) {
-    return __ldg(reinterpret_cast<const float*>(page + l.ScaleOffset(c, head, token)));
+    return *reinterpret_cast<const float*>(page + l.ScaleOffset(c, head, token));
   }
   return tensor_scale;
 }
@@ -193,8 +193,8 @@ __device__ __forceinline__ void LoadValues(const PageLayout& l, const uint8_t* p
         v[j][2 * w + 1] = Prmt(x, y, 0x7632);
       }
     } else if (cl.type == ElementType::kNvfp4) {
-      const uint2 a = __ldg(reinterpret_cast<const uint2*>(ra + 8 * g));
-      const uint2 b = __ldg(reinterpret_cast<const uint2*>(rb + 8 * g));
+      const uint2 a = *reinterpret_cast<const uint2*>(ra + 8 * g);
+      const uint2 b = *reinterpret_cast<const uint2*>(rb + 8 * g);
       const uint32_t wa[2] = {a.x & keep_a, a.y & keep_a};
       const uint32_t wb[2] = {b.x & keep_b, b.y & keep_b};
       uint32_t scale[16];  // per dim t: the micro-scales of the two tokens
@@ -255,14 +255,74 @@ __device__ __forceinline__ float QuadSum(float x) {
   return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
 }
 
+// ---- Staging pages in shared memory ----
+// Each warp streams its pages through a ring of kStages buffers with cp.async, so that the
+// loads of the next pages are in flight while it computes on this one. A buffer holds one
+// page's data for one KV head, laid out as a one-head page (PagedDecodeParams::head_layouts):
+// the decode functions read it exactly as they would read the page, with head 0.
+constexpr int kStages = 3;
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Copies `bytes` (a multiple of `kChunk`, both ends aligned to it) from global to shared memory,
+// the warp's lanes taking chunks in turn.
+template <int kChunk>
+__device__ __forceinline__ void CopyAsync(uint8_t* dst, const uint8_t* src, uint32_t bytes,
+                                          int lane) {
+  for (uint32_t at = kChunk * lane; at < bytes; at += 32 * kChunk) {
+    if (kChunk == 16) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SharedAddress(dst + at)),
+                   "l"(src + at));
+    } else {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SharedAddress(dst + at)),
+                   "l"(src + at));
+    }
+  }
+}
+
+__device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void WaitCopies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Starts copying the data of `head` in the page `entry` names into `dst`: K and V rows, their
+// micro-scales and their FP32 scales.
+__device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t entry, int head,
+                                          uint8_t* dst, int lane) {
+  const uint32_t format = entry >> kPackedFormatShift;
+  const PageLayout& l = p.pools[format].layout;
+  const PageLayout& h = p.head_layouts[format];
+  const uint8_t* page =
+      p.pools[format].base + static_cast<uint64_t>(entry & kPackedPageMask) * l.page_bytes;
+  const CodecLayout* full[2] = {&l.k, &l.v};
+  const CodecLayout* one[2] = {&h.k, &h.v};
+#pragma unroll
+  for (int side = 0; side < 2; ++side) {
+    const CodecLayout& c = *full[side];
+    CopyAsync<16>(dst + one[side]->payload_offset, page + l.PayloadOffset(c, head, 0),
+                  static_cast<uint32_t>(l.tokens) * c.row_bytes, lane);
+    if (c.type == ElementType::kNvfp4) {
+      CopyAsync<16>(dst + one[side]->micro_offset, page + l.MicroOffset(c, head, 0, 0),
+                    static_cast<uint32_t>(l.tokens) * l.head_dim / kMicroBlock, lane);
+    }
+    if (c.scope == ScaleScope::kBlockHead || c.scope == ScaleScope::kTokenHead) {
+      const uint32_t scales = c.scope == ScaleScope::kTokenHead ? l.tokens : 1;
+      CopyAsync<4>(dst + one[side]->scale_offset, page + l.ScaleOffset(c, head, 0), 4 * scales,
+                   lane);
+    }
+  }
+}
+
 // kRows: 8 when the GQA group fits the mma's first 8 rows (the second 8 are then skipped).
 template <int kRows>
 __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
   constexpr int kD = kDecodeHeadDim;
   constexpr int kHalves = kRows / 8;  // accumulator rows per lane: head g, and g + 8
-  __shared__ float s_out[kWarps][kRows][kD];
-  __shared__ float s_m[kWarps][kRows];
-  __shared__ float s_l[kWarps][kRows];
+  extern __shared__ __align__(16) uint8_t smem[];
 
   const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -305,18 +365,39 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_const
 #pragma unroll
   for (int t = 0; t < 16; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
 
-  for (int page_index = page_begin + warp; page_index < page_end; page_index += kWarps) {
-    const uint32_t entry = p.packed[first_entry + page_index];
+  // This warp's pages: first, first + kWarps, ... below page_end, through its staging ring.
+  uint8_t* ring = smem + warp * kStages * p.stage_bytes;
+  uint32_t* ring_entry =
+      reinterpret_cast<uint32_t*>(smem + kWarps * kStages * p.stage_bytes) + warp * kStages;
+  const int first = page_begin + warp;
+  const int count = first < page_end ? (page_end - first + kWarps - 1) / kWarps : 0;
+  const auto stage = [&](int i) {
+    if (i < count) {
+      const uint32_t entry = p.packed[first_entry + first + i * kWarps];
+      if (lane == 0) ring_entry[i % kStages] = entry;
+      StagePage(p, entry, kv_head, ring + (i % kStages) * p.stage_bytes, lane);
+    }
+    CommitCopies();  // an empty group keeps the count of pending groups uniform
+  };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) stage(i);
+
+  for (int i = 0; i < count; ++i) {
+    stage(i + kStages - 1);
+    WaitCopies<kStages - 1>();  // page i has landed (this lane's copies)
+    __syncwarp();               // ... and every lane's
+    const uint32_t entry = ring_entry[i % kStages];
     const DecodePool& pool = p.pools[entry >> kPackedFormatShift];
-    const PageLayout& l = pool.layout;
-    const uint8_t* page = pool.base + static_cast<uint64_t>(entry & kPackedPageMask) * l.page_bytes;
+    const PageLayout& l = p.head_layouts[entry >> kPackedFormatShift];
+    const uint8_t* page = ring + (i % kStages) * p.stage_bytes;
+    const int page_index = first + i * kWarps;
     const int valid = min(kDecodeBlockTokens, seq_len - page_index * kDecodeBlockTokens);
 
     // Logits of tokens 2c, 2c+1 (tile 0) and 2c+8, 2c+9 (tile 1), for heads g and g + 8.
     float s[2][4];
     {
       uint32_t k[2][16];
-      LoadKeys(l, page, kv_head, g, c, k);
+      LoadKeys(l, page, 0, g, c, k);
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -328,18 +409,18 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_const
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int token = 2 * c + (i & 1) + 8 * (i >> 1);
-      const float ks = TokenScale(l, l.k, page, kv_head, token, pool.k_tensor_scale);
+      const float ks = TokenScale(l, l.k, page, 0, token, pool.k_tensor_scale);
       const bool ok = token < valid;
-      vscale[i] = ok ? TokenScale(l, l.v, page, kv_head, token, pool.v_tensor_scale) : 0.f;
+      vscale[i] = ok ? TokenScale(l, l.v, page, 0, token, pool.v_tensor_scale) : 0.f;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         float& x = s[i >> 1][2 * half + (i & 1)];
         x = ok ? x * (ks * logit_scale) : -INFINITY;
       }
     }
-    // The page's largest V scale becomes the accumulator's unit.
-    float page_unit = fmaxf(fmaxf(vscale[0], vscale[1]), fmaxf(vscale[2], vscale[3]));
-    if (l.v.scope == ScaleScope::kTokenHead) page_unit = QuadMax(page_unit);
+    // The page's largest V scale becomes the accumulator's unit. It must be the same in the
+    // four lanes of a quad: their probabilities meet in the same output accumulators.
+    float page_unit = QuadMax(fmaxf(fmaxf(vscale[0], vscale[1]), fmaxf(vscale[2], vscale[3])));
     if (!(page_unit > 1e-30f) || !isfinite(page_unit)) page_unit = 1.f;
     const float unit_ratio = unit / page_unit;
     unit = page_unit;
@@ -371,10 +452,17 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_const
     if (kHalves == 1) pa[1] = pa[3] = 0u;
 
     uint32_t v[2][16];
-    LoadValues(l, page, kv_head, g, c, valid, v);
+    LoadValues(l, page, 0, g, c, valid, v);
 #pragma unroll
     for (int t = 0; t < 16; ++t) Mma(o[t], pa, v[0][t], v[1][t]);
+    __syncwarp();  // the buffer is refilled by the next iteration's stage()
   }
+  WaitCopies<0>();
+  __syncthreads();  // the rings are reused below
+
+  float(*s_out)[kRows][kD] = reinterpret_cast<float(*)[kRows][kD]>(smem);
+  float(*s_m)[kRows] = reinterpret_cast<float(*)[kRows]>(smem + sizeof(float) * kWarps * kRows * kD);
+  float(*s_l)[kRows] = s_m + kWarps;
 
   // This warp's state to shared memory: lane (g, c) holds dims 32c + t and 32c + 16 + t.
 #pragma unroll
@@ -480,13 +568,27 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.batch == 0) return cudaSuccess;
-  const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
-  if (p.num_q_heads / p.num_kv_heads <= 8) {
-    PagedDecodeKernel<8><<<grid, kThreads, 0, stream>>>(p);
-  } else {
-    PagedDecodeKernel<16><<<grid, kThreads, 0, stream>>>(p);
+  PagedDecodeParams k = p;
+  k.stage_bytes = 0;
+  for (int f = 0; f < p.num_formats; ++f) {
+    const PageLayout& l = p.pools[f].layout;
+    FormatSpec spec;
+    spec.k = {l.k.type, l.k.scope, l.k.axis};
+    spec.v = {l.v.type, l.v.scope, l.v.axis};
+    k.head_layouts[f] = MakePageLayout(1, l.tokens, l.head_dim, spec);
+    k.stage_bytes = std::max<int32_t>(k.stage_bytes, (k.head_layouts[f].data_bytes + 15) / 16 * 16);
   }
-  cudaError_t e = cudaGetLastError();
+  const bool wide = p.num_q_heads / p.num_kv_heads > 8;
+  const size_t group_rows = wide ? 16 : 8;
+  const size_t ring = static_cast<size_t>(kWarps) * kStages * (k.stage_bytes + 4);
+  const size_t merge = kWarps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
+  const int smem = static_cast<int>(std::max(ring, merge));
+  const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
+  const auto kernel = wide ? PagedDecodeKernel<16> : PagedDecodeKernel<8>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  kernel<<<grid, kThreads, smem, stream>>>(k);
+  e = cudaGetLastError();
   if (e != cudaSuccess || p.num_splits == 1) return e;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
   MergeStatesParams m;

@@ -58,6 +58,10 @@ struct PagedDecodeParams {
   int32_t pages_per_split = 0;  // REQUIRES: num_splits * pages_per_split >= every page count
   // With num_splits > 1: device workspace of DecodeWorkspaceFloats() floats.
   float* workspace = nullptr;
+  // Set by LaunchPagedDecode: each format's layout of one head's data (how a page is staged in
+  // shared memory), and the staging buffer size.
+  PageLayout head_layouts[kDecodeMaxFormats]{};
+  int32_t stage_bytes = 0;
 };
 
 // A split count that fills `num_sms` multiprocessors for this batch shape, and pages per split.

@@ -36,6 +36,8 @@ TEST(ScaleConventionsTest, Nvfp4ConventionsAgreeOnAmax) {
   const float d = codec::Nvfp4DecodeScale(amax);  // kvtier: amax / 2688
   EXPECT_FLOAT_EQ(*ToConvention(d, ElementType::kNvfp4, ScaleConvention::kModelOpt), amax / (6 * 448));
   EXPECT_FLOAT_EQ(*ToConvention(d, ElementType::kNvfp4, ScaleConvention::kFlashInferGlobalSf), 448 / amax);
+  // FlashInfer reads kvtier's micro-scales (up to 448) with k_scale = d.
+  EXPECT_FLOAT_EQ(*ToConvention(d, ElementType::kNvfp4, ScaleConvention::kFlashInferKVScale), amax / 2688);
   EXPECT_FLOAT_EQ(*ToConvention(d, ElementType::kNvfp4, ScaleConvention::kAmaxOver6), amax / 6);
   EXPECT_FLOAT_EQ(*ToConvention(d, ElementType::kNvfp4, ScaleConvention::kTensorRtLlmOrigQuant), 2688 / amax);
 }

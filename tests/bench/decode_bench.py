@@ -6,8 +6,9 @@
       (no K/V expansion; if cuDNN refuses GQA the run falls back to expanded K/V and says so);
   (b) FlashInfer `BatchDecodeWithPagedKVCacheWrapper`, FP16 pages, HND, pages in random order
       (CUDA-core decode, FlashInfer's default), and the same with `use_tensor_cores=True`;
-  (c) the same wrapper with FP8 E4M3 pages (per-tensor k_scale / v_scale), and FlashInfer's NVFP4
-      pages (tensor-core path, micro-scales in `kv_cache_sf`) where this FlashInfer has it;
+  (c) the same wrapper with FP8 E4M3 pages (per-tensor k_scale / v_scale; CUDA-core and
+      tensor-core kernels), and FlashInfer's NVFP4 pages (tensor-core kernel, E4M3 micro-scales
+      in `kv_cache_sf`; a software path on sm_90);
   (d) kvtier's fused kernel through the Python module, `cache.decode_attention`, for FP16,
       fp8_e4m3/block_head, nvfp4/block_head and the balanced mix of tests/bench/gpu_bench.cu
       (first page and last 256 tokens FP16, the 2048 before them fp8_e4m3/block_head, everything
@@ -126,7 +127,7 @@ def bench_cudnn(torch, t, batch, ctx, copies):
 
 
 def bench_flashinfer(torch, flashinfer, t, batch, ctx, copies, kind, gen):
-    """kind: fp16, fp16_tc, fp8, nvfp4_tc. One plan, `copies` pools (rotation)."""
+    """kind: fp16, fp16_tc, fp8, fp8_tc, nvfp4_tc. One plan, `copies` pools (rotation)."""
     dev = "cuda"
     indptr, indices, last, pages = page_tables(torch, batch, ctx, dev, gen)
     q = torch.randn(batch, HQ, D, device=dev, dtype=torch.float16)
@@ -138,7 +139,7 @@ def bench_flashinfer(torch, flashinfer, t, batch, ctx, copies, kind, gen):
     if kind.startswith("fp16"):
         kv = torch.randn(total, 2, H, S, D, device=dev, dtype=torch.float16)
         kvdt, nbytes = torch.float16, fp16_kv_bytes(batch, ctx)
-    elif kind == "fp8":
+    elif kind.startswith("fp8"):
         kv = torch.empty(total, 2, H, S, D, device=dev, dtype=torch.float8_e4m3fn)
         for i in range(0, total, 4096):  # chunked: no FP16 copy of the whole pool
             kv[i:i + 4096] = (torch.randn(min(4096, total - i), 2, H, S, D, device=dev) * 64).to(
@@ -196,12 +197,20 @@ def bench_kvtier(torch, kvtier, t, batch, ctx, copies, log_prefix):
         return [seqs[i * batch:(i + 1) * batch] for i in range(copies)]
 
     def run(cache, groups, name, tokens_per_format):
-        fns = [lambda g=g: cache.decode_attention(0, g, q, o, lse) for g in groups]
-        r = t(fns)
-        r.update(bytes=kvtier_read_bytes(cache, tokens_per_format),
-                 note="python call: tables + upload + launch + sync")
-        out[name] = r
-        log(f"{log_prefix} kvtier {name}: {r['median_ms'] * 1e3:.1f} us")
+        nbytes = kvtier_read_bytes(cache, tokens_per_format)
+        tables = [cache.build_page_tables(g) for g in groups]
+        for label, batches, note in (
+                ("", groups, "python call with a list of sequences: BuildPageTables + upload + "
+                 "launch + sync"),
+                ("tables_", tables, "python call with prebuilt PageTables: upload + launch + sync")):
+            fns = [lambda b=b: cache.decode_attention(0, b, q, o, lse) for b in batches]
+            r = t(fns)
+            r.update(bytes=nbytes, note=note)
+            out[label + name] = r
+            log(f"{log_prefix} kvtier_py_{label}{name}: {r['median_ms'] * 1e3:.1f} us, "
+                f"{nbytes / (r['median_ms'] * 1e-3) / 1e12:.2f} TB/s")
+        if not torch.isfinite(o).all() or not torch.isfinite(lse).all():
+            out[name]["note"] += "; WARNING: non-finite output"
 
     def demote_all(cache, groups, fmt_of):
         by_fmt = {}
@@ -209,7 +218,7 @@ def bench_kvtier(torch, kvtier, t, batch, ctx, copies, log_prefix):
             for s in g:
                 for i, b in enumerate(cache.sequence_blocks(s)):
                     f = fmt_of(i, pages)
-                    if f:
+                    if f and i < ctx // S:  # full blocks only
                         by_fmt.setdefault(f, []).append(b)
         for f, blocks in sorted(by_fmt.items()):
             cache.demote(blocks, f)
@@ -276,7 +285,7 @@ def main():
     ap.add_argument("--kernel-json", default=os.environ.get("KVTIER_GPU_BENCH_JSON", ""),
                     help="kvtier_gpu_bench OUT.json: kvtier's kernel alone, printed beside")
     ap.add_argument("--skip", default="", help="comma list of methods to skip "
-                    "(cudnn, fi_fp16, fi_fp16_tc, fi_fp8, fi_nvfp4_tc, kvtier)")
+                    "(cudnn, fi_fp16, fi_fp16_tc, fi_fp8, fi_fp8_tc, fi_nvfp4_tc, kvtier)")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     t_start = time.time()
@@ -316,7 +325,8 @@ def main():
     torch.manual_seed(1234)
 
     # FlashInfer JIT (cached under FLASHINFER_WORKSPACE_BASE if validate_external.py ran first).
-    fi_kinds = [k for k in ("fi_fp16", "fi_fp16_tc", "fi_fp8", "fi_nvfp4_tc") if k not in skip]
+    fi_kinds = [k for k in ("fi_fp16", "fi_fp16_tc", "fi_fp8", "fi_fp8_tc", "fi_nvfp4_tc")
+                if k not in skip]
     if flashinfer is not None and fi_kinds:
         from concurrent.futures import ThreadPoolExecutor
         t = time.time()

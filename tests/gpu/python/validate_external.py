@@ -32,7 +32,6 @@ the script itself on a machine without a GPU.
 import argparse
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -41,8 +40,8 @@ import numpy as np
 
 # ---- Tolerances: (relative L2 error of the output per (sequence, head), absolute LSE error in
 # natural log). Both sides read identical stored bytes, so the errors are arithmetic only. ----
-TOL_FI = (2e-3, 2e-3)          # FlashInfer FP16 / FP8 (FP16 output; measured ~5e-4 / 2e-6)
-TOL_FI_NVFP4 = (2e-2, 2e-2)    # FlashInfer NVFP4, tensor-core path (measured ~7e-3 / 7e-3)
+TOL_FI = (2e-3, 2e-3)          # FlashInfer FP16 / FP8 (FP16 output; measured ~5e-4 / 1.6e-4)
+TOL_FI_NVFP4 = (5e-3, 5e-3)    # FlashInfer NVFP4, tensor-core path (measured ~5e-4 / 1.4e-4)
 TOL_FUSED = (5e-3, 5e-3)       # kvtier's fused kernel (tests/gpu/decode_attention_test.cc)
 TOL_FLEX = (2e-3, 2e-3)        # FlexAttention, FP16 in and out
 TOL_MERGE_CPU = (1e-5, 1e-5)   # kvtier merges of the same partial states, against each other
@@ -87,10 +86,11 @@ class Report:
             return False
         empty = np.isneginf(ref_lse)
         live = ~empty
-        num = np.linalg.norm(out - ref_out, axis=-1)
-        den = np.maximum(np.linalg.norm(ref_out, axis=-1), 1e-30)
-        rel = np.where(live, num / den, 0.0)
-        lse_err = np.where(live, np.abs(lse - ref_lse), 0.0)
+        with np.errstate(invalid="ignore"):
+            num = np.linalg.norm(out - ref_out, axis=-1)
+            den = np.maximum(np.linalg.norm(ref_out, axis=-1), 1e-30)
+            rel = np.where(live, num / den, 0.0)
+            lse_err = np.where(live, np.abs(lse - ref_lse), 0.0)
         bad_empty = bool(np.any(empty & (~np.isneginf(lse) | (np.abs(out).max(axis=-1) != 0))))
         finite = bool(np.all(np.isfinite(out[live])) and np.all(np.isfinite(lse[live])))
         oe = float(rel.max()) if rel.size else 0.0
@@ -314,7 +314,6 @@ class Validator:
         self.fir = FlashInferRunner(torch, flashinfer) if (self.cuda and flashinfer) else None
         self.has_fused = hasattr(kvtier.Cache, "decode_attention")
         self.has_merge = hasattr(kvtier, "merge_states")
-        self.flex_compiled = None
 
     # q: float32 values exactly representable in FP16, so every kernel sees the same query.
     def queries(self, batch, seed):
@@ -419,6 +418,16 @@ class Validator:
             mo, ml = kv.merge_partial_states(B, states)
             R.compare(f"{name}: CPU merge of reference parts vs whole (dry run)", mo, ml, ref_out,
                       ref_lse, TOL_MERGE_CPU)
+            if self.has_merge and len(states) > 1:  # kvtier.merge_states on numpy (CPU merge)
+                v = np.zeros((B, HQ, D), np.float32)
+                s = np.full((B, HQ), -np.inf, np.float32)
+                for bi, po, pl2, _ in states:
+                    o = np.zeros_like(v)
+                    l = np.full_like(s, -np.inf)
+                    o[bi], l[bi] = po, kv.base2_to_natural_lse(pl2)
+                    kv.merge_states(v, s, o, l, v, s)
+                R.compare(f"{name}: kvtier.merge_states (numpy) of reference parts vs whole (dry run)",
+                          v, s, ref_out, ref_lse, TOL_MERGE_CPU)
 
         fused = self.fused(pair, seqs_dev, q, f"{name}: kvtier fused kernel vs reference")
         if fused is not None:
@@ -545,23 +554,33 @@ class Validator:
         qq = torch.from_numpy(q[bi]).cuda().half().view(rows, HQ, 1, D)
         for compiled in (False, True):
             label = f"{name}: FlexAttention PagedAttention ({'compiled' if compiled else 'eager'}) vs reference"
-            try:
-                if compiled:
-                    if self.flex_compiled is None:
-                        self.flex_compiled = torch.compile(flex_attention)
-                    f = self.flex_compiled
-                else:
-                    f = flex_attention
-                t = time.time()
-                out, lse = f(qq, k, v, block_mask=cbm, score_mod=smod, enable_gqa=True,
-                             return_lse=True)
-                torch.cuda.synchronize()
-                R.compare(label, out.view(rows, HQ, D).float().cpu().numpy(),
-                          lse.view(rows, HQ).float().cpu().numpy(), ref_out[bi], ref_lse[bi],
-                          TOL_FLEX, note=f"rows {rows}, first call {time.time() - t:.1f}s")
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                R.add(label, False, TOL_FLEX, note=f"{type(e).__name__}: {str(e)[:300]}")
+            # Compiled with static shapes: a recompile for a second batch size with dynamic
+            # shapes lowers through the non-decoding template, which refuses 16-token blocks
+            # ("Q and KV block size must be divisible by BLOCK_M and BLOCK_N"). If a compile still
+            # fails, retry once with 16 x 16 tiles.
+            options = [None, {"BLOCK_M": 16, "BLOCK_N": 16}] if compiled else [None]
+            first_error = None
+            for opt in options:
+                try:
+                    f = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+                    kw = dict(block_mask=cbm, score_mod=smod, enable_gqa=True, return_lse=True)
+                    if opt:
+                        kw["kernel_options"] = opt
+                    t = time.time()
+                    out, lse = f(qq, k, v, **kw)
+                    torch.cuda.synchronize()
+                    note = f"rows {rows}, first call {time.time() - t:.1f}s"
+                    if opt:
+                        note += f", kernel_options {opt} (default failed: {first_error})"
+                    R.compare(label, out.view(rows, HQ, D).float().cpu().numpy(),
+                              lse.view(rows, HQ).float().cpu().numpy(), ref_out[bi], ref_lse[bi],
+                              TOL_FLEX, note=note)
+                    break
+                except Exception as e:  # noqa: BLE001
+                    traceback.print_exc()
+                    first_error = first_error or f"{type(e).__name__}: {str(e)[:160]}"
+                    if opt is options[-1]:
+                        R.add(label, False, TOL_FLEX, note=f"{type(e).__name__}: {str(e)[:300]}")
 
 
 def main():
@@ -646,7 +665,7 @@ def main():
         if r is not None:
             R.compare("fp16 ragged, layer 0: kvtier fused kernel vs reference", r[0], r[1], ro, rl, TOL_FUSED)
     layer0()
-    del A
+    A = None  # frees scenario A's caches before B
 
     # Scenario B: formats only kvtier's kernel reads, balanced-like mixes within sequences.
     t = time.time()
@@ -677,7 +696,7 @@ def main():
             R.compare("kvtier-only formats (balanced mix): fused kernel vs reference", r[0], r[1],
                       ro, rl, TOL_FUSED, note=f"palette {PALETTE_KV[1:]}")
     scenario_b()
-    del Bp
+    Bp = None
 
     p, f, s = R.summary()
     doc = dict(meta=meta, checks=R.rows, passed=p, failed=f, skipped=s, elapsed_s=time.time() - t0)
