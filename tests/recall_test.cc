@@ -21,6 +21,7 @@
 #include "examples/kvtier/recall_sweep.h"
 #include "gtest/gtest.h"
 #include "kernels/codec/half.h"
+#include "kvtier/policy.h"
 #include "src/attention/reference_attention.h"
 
 namespace kvtier::tool {
@@ -164,21 +165,27 @@ TEST(RecallGeneratorTest, IsDeterministicInItsSeed) {
 
 // ---- Arms ----
 
-TEST(RecallArmsTest, PolicyArmKeepsSinksAndTheHotWindowInFp16) {
-  const Arm arm = PolicyArm("p", 4, 256, 4096, *ParseFormat("fp8_e4m3/block_head"),
-                            *ParseFormat("nvfp4/block_head"));
+TEST(RecallArmsTest, PolicyArmPlacesBlocksAsThePolicyDoes) {
+  const Arm arm = PolicyArm(*PolicyPreset("balanced"));  // fp16 < 256 <= fp8 < 2048 <= nvfp4
+  EXPECT_EQ(arm.name, "policy:balanced");
+  EXPECT_EQ(arm.palette, PolicyPalette(*PolicyPreset("balanced")));
   const int64_t length = 8192;  // 512 blocks
   EXPECT_EQ(arm.format_of(0, length, 16), 0);    // sinks
   EXPECT_EQ(arm.format_of(1, length, 16), 2);    // age 8176: cold
   EXPECT_EQ(arm.format_of(511, length, 16), 0);  // age 0
   EXPECT_EQ(arm.format_of(496, length, 16), 0);  // age 255
   EXPECT_EQ(arm.format_of(495, length, 16), 1);  // age 256: warm
-  EXPECT_EQ(arm.format_of(256, length, 16), 1);  // age 4095
-  EXPECT_EQ(arm.format_of(255, length, 16), 2);  // age 4096: cold
+  EXPECT_EQ(arm.format_of(384, length, 16), 1);  // age 2047
+  EXPECT_EQ(arm.format_of(383, length, 16), 2);  // age 2048: cold
   EXPECT_TRUE(arm.step_through);
   const std::vector<Arm> standard = StandardArms();
   EXPECT_EQ(standard.front().name, "fp16");
-  EXPECT_EQ(standard.back().name, "balanced-like");
+  std::vector<std::string> policies;
+  for (const Arm& a : standard) {
+    if (a.name.rfind("policy:", 0) == 0) policies.push_back(a.name);
+  }
+  EXPECT_EQ(policies, (std::vector<std::string>{"policy:fp8", "policy:balanced",
+                                                "policy:max_capacity"}));
 }
 
 TEST(RecallArmsTest, Fp16ArmReproducesTheReferenceBitForBit) {
@@ -214,7 +221,7 @@ TEST(RecallArmsTest, ColdArmsDemoteEveryFullBlockAndKeepTheTailHot) {
     EXPECT_EQ(r.compute_rel_error, 0.0) << arm.name;  // CPU: paged == dense on the same pages
     if (arm.name == "fp16") {
       EXPECT_DOUBLE_EQ(r.bits_per_element, 16.0);
-    } else if (arm.name == "balanced-like") {  // 1000 tokens: sinks and the last 256 hot, FP8
+    } else if (arm.name == "policy:balanced") {  // 1000 tokens: sinks and the last 256 hot, FP8
       EXPECT_GT(r.bits_per_element, 9.0);
       EXPECT_LT(r.bits_per_element, 12.0);
     } else {

@@ -41,17 +41,20 @@ Arm ChainArm(const std::string& name, const std::vector<FormatSpec>& formats) {
   return arm;
 }
 
-Arm PolicyArm(const std::string& name, int64_t sink_tokens, int64_t hot_age, int64_t warm_age,
-              const FormatSpec& warm, const FormatSpec& cold) {
+Arm PolicyArm(const Policy& policy) {
   Arm arm;
-  arm.name = name;
-  arm.palette = {Format("fp16"), warm, cold};
+  arm.name = "policy:" + policy.name;
+  arm.palette = PolicyPalette(policy);
+  const std::vector<PolicyTier> tiers = policy.tiers;
+  const int64_t sink_tokens = policy.sink_tokens;
   arm.format_of = [=](int64_t block, int64_t length, int32_t block_tokens) -> int32_t {
     const int64_t first = block * block_tokens;
-    const int64_t last = first + block_tokens - 1;
-    const int64_t age = length - 1 - last;
-    if (first < sink_tokens || age < hot_age) return 0;
-    return age < warm_age ? 1 : 2;
+    const int64_t age = length - 1 - (first + block_tokens - 1);
+    if (first < sink_tokens) return 0;
+    for (size_t i = 0; i + 1 < tiers.size(); ++i) {
+      if (age < tiers[i].max_age_tokens) return static_cast<int32_t>(i);
+    }
+    return static_cast<int32_t>(tiers.size() - 1);
   };
   arm.step_through = true;
   return arm;
@@ -68,9 +71,9 @@ std::vector<Arm> StandardArms() {
   }
   arms.push_back(ChainArm("fp8_e4m3/block_head->nvfp4/block_head",
                           {Format("fp8_e4m3/block_head"), Format("nvfp4/block_head")}));
-  arms.push_back(PolicyArm("balanced-like", /*sink_tokens=*/4, /*hot_age=*/256,
-                           /*warm_age=*/4096, Format("fp8_e4m3/block_head"),
-                           Format("k:nvfp4_channel/block_head,v:nvfp4/block_head")));
+  for (const std::string& preset : PolicyPresetNames()) {
+    if (preset != "fp16") arms.push_back(PolicyArm(*PolicyPreset(preset)));  // fp16: the first arm
+  }
   return arms;
 }
 

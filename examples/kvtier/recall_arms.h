@@ -2,10 +2,9 @@
 //
 // An arm is a palette plus a rule that says, for each full block of a sequence, which palette
 // format the block ends in, given the block's index and the sequence's length at query time.
-// Single-format arms send every full block to one cold format; a policy-like arm keeps sink
-// blocks and a hot window in FP16, a warm window in FP8 and the rest in NVFP4. New arms (for
-// example the library's policy presets once they exist) are new `Arm` values: no other code
-// changes.
+// Single-format arms send every full block to one cold format; a policy arm places blocks as
+// one of the library's precision policies does (sinks and a hot window in FP16, then colder
+// tiers by age). New arms are new `Arm` values: no other code changes.
 //
 // ArmRunner pushes a trial through kvtier itself: Append + WriteKV in FP16 (chunk by chunk),
 // Demote of the full blocks of each chunk to their final format (directly, or through every
@@ -24,6 +23,7 @@
 #include "examples/kvtier/recall_generator.h"
 #include "kvtier/cache.h"
 #include "kvtier/format.h"
+#include "kvtier/policy.h"
 
 namespace kvtier::tool {
 
@@ -48,12 +48,11 @@ Arm SingleFormatArm(const FormatSpec& cold);
 // FP16 -> `formats[0]` -> ... -> `formats.back()`, one step at a time, every full block.
 Arm ChainArm(const std::string& name, const std::vector<FormatSpec>& formats);
 
-// A policy-like arm: blocks holding any of the first `sink_tokens` tokens and blocks whose age
-// (tokens from the block's last token to the sequence's last token) is below `hot_age` stay
-// FP16; then `warm` while the age is below `warm_age`; `cold` beyond. Blocks reach cold
-// through warm.
-Arm PolicyArm(const std::string& name, int64_t sink_tokens, int64_t hot_age, int64_t warm_age,
-              const FormatSpec& warm, const FormatSpec& cold);
+// A precision policy as a whole ("policy:<name>"): its palette, and each full block in the
+// tier its age (tokens from the block's last token to the sequence's last token) falls in, as
+// the cache's policy engine would place it at query time (kvtier/policy.h; no memory pressure);
+// sink blocks stay in the hot tier, and blocks reach a tier through every tier before it.
+Arm PolicyArm(const Policy& policy);
 
 // The arms of the default sweep, FP16 first.
 std::vector<Arm> StandardArms();
