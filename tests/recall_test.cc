@@ -177,7 +177,8 @@ TEST(RecallArmsTest, PolicyArmPlacesBlocksAsThePolicyDoes) {
   EXPECT_EQ(arm.format_of(495, length, 16), 1);  // age 256: warm
   EXPECT_EQ(arm.format_of(384, length, 16), 1);  // age 2047
   EXPECT_EQ(arm.format_of(383, length, 16), 2);  // age 2048: cold
-  EXPECT_TRUE(arm.step_through);
+  ASSERT_TRUE(arm.policy.has_value());  // run by the cache's policy engine
+  EXPECT_EQ(arm.policy->pressure_watermark, 0);
   const std::vector<Arm> standard = StandardArms();
   EXPECT_EQ(standard.front().name, "fp16");
   std::vector<std::string> policies;
@@ -219,6 +220,9 @@ TEST(RecallArmsTest, ColdArmsDemoteEveryFullBlockAndKeepTheTailHot) {
     ArmRunner::Result r;
     ASSERT_TRUE((*runner)->Run(t, true, &r).ok()) << arm.name;
     EXPECT_EQ(r.compute_rel_error, 0.0) << arm.name;  // CPU: paged == dense on the same pages
+    ASSERT_EQ(r.block_formats.size(), 63u) << arm.name;   // 62 full blocks and the tail
+    EXPECT_EQ(r.block_formats.back(), 0) << arm.name;     // the tail stays hot
+    if (arm.name != "fp16") EXPECT_GT(r.block_formats[10], 0) << arm.name;
     if (arm.name == "fp16") {
       EXPECT_DOUBLE_EQ(r.bits_per_element, 16.0);
     } else if (arm.name == "policy:balanced") {  // 1000 tokens: sinks and the last 256 hot, FP8

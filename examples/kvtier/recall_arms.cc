@@ -56,7 +56,8 @@ Arm PolicyArm(const Policy& policy) {
     }
     return static_cast<int32_t>(tiers.size() - 1);
   };
-  arm.step_through = true;
+  arm.policy = policy;
+  arm.policy->pressure_watermark = 0;
   return arm;
 }
 
@@ -96,9 +97,11 @@ absl::StatusOr<std::unique_ptr<ArmRunner>> ArmRunner::Create(const Arm& arm, int
                       o.slab_bytes * (2 * arm.palette.size() + 2);
   o.memory_budget_bytes = (need + o.slab_bytes - 1) / o.slab_bytes * o.slab_bytes;
   absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
-  if (!cache.ok()) {
-    return absl::Status(cache.status().code(),
-                        absl::StrCat("arm ", arm.name, ": ", cache.status().message()));
+  absl::Status policy_set = cache.ok() && arm.policy ? (*cache)->SetPolicy(*arm.policy)
+                                                     : cache.status();
+  if (!policy_set.ok()) {
+    return absl::Status(policy_set.code(),
+                        absl::StrCat("arm ", arm.name, ": ", policy_set.message()));
   }
   return std::unique_ptr<ArmRunner>(new ArmRunner(arm, std::move(*cache), chunk_tokens));
 }
@@ -118,6 +121,11 @@ absl::Status ArmRunner::Write(const Trial& trial, SequenceId seq) {
                      trial.v_half.data() + at * row, n, trial.kv_heads, trial.head_dim};
     s = cache_->WriteKV(0, slots_, kv);
     if (!s.ok()) return s;
+    if (arm_.policy) {  // the engine ages what this chunk made old
+      s = cache_->EndStep();
+      if (!s.ok()) return s;
+      continue;
+    }
     // Full blocks of this chunk go to their final format.
     const int64_t full = (at + n) / g.block_tokens;
     if (full == demoted_blocks) continue;
@@ -149,6 +157,27 @@ absl::Status ArmRunner::Write(const Trial& trial, SequenceId seq) {
   return absl::OkStatus();
 }
 
+absl::Status ArmRunner::CheckPlacement(int64_t length, SequenceId seq,
+                                       std::vector<int32_t>* formats) const {
+  const int32_t block_tokens = cache_->options().geometry.block_tokens;
+  absl::StatusOr<std::vector<BlockId>> blocks = cache_->SequenceBlocks(seq);
+  if (!blocks.ok()) return blocks.status();
+  formats->clear();
+  for (size_t b = 0; b < blocks->size(); ++b) {
+    absl::StatusOr<BlockInfo> info = cache_->GetBlockInfo((*blocks)[b]);
+    if (!info.ok()) return info.status();
+    const bool full = info->num_tokens == block_tokens;
+    const int32_t want = full ? arm_.format_of(static_cast<int64_t>(b), length, block_tokens) : 0;
+    if (info->format != want) {
+      return absl::InternalError(absl::StrCat("arm ", arm_.name, ": block ", b, " of ", length,
+                                              " tokens is in palette format ", info->format,
+                                              ", expected ", want));
+    }
+    formats->push_back(info->format);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ArmRunner::Run(const Trial& trial, bool measure_compute_error, Result* result) {
   const Geometry& g = cache_->options().geometry;
   if (trial.kv_heads != g.num_kv_heads || trial.head_dim != g.head_dim) {
@@ -163,6 +192,7 @@ absl::Status ArmRunner::Run(const Trial& trial, bool measure_compute_error, Resu
   absl::StatusOr<SequenceId> seq = cache_->AddSequence();
   if (!seq.ok()) return seq.status();
   absl::Status status = Write(trial, *seq);
+  if (status.ok()) status = CheckPlacement(trial.length, *seq, &result->block_formats);
   const int q_heads = trial.kv_heads * trial.group;
   if (status.ok()) {
     result->bits_per_element = cache_->GetStats().effective_bits_per_element;

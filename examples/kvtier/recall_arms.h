@@ -7,15 +7,17 @@
 // tiers by age). New arms are new `Arm` values: no other code changes.
 //
 // ArmRunner pushes a trial through kvtier itself: Append + WriteKV in FP16 (chunk by chunk),
-// Demote of the full blocks of each chunk to their final format (directly, or through every
-// palette format in between for a requantisation chain), then kvtier's CPU reference paged
-// attention over the cache pages. The partial tail block stays hot, as the cache requires.
+// then either Demote of the full blocks of each chunk to their final format (directly, or
+// through every palette format in between for a requantisation chain) or, for a policy arm,
+// EndStep so that the cache's policy engine demotes what aged; then kvtier's CPU reference
+// paged attention over the cache pages. The partial tail block stays hot, as the cache requires.
 #ifndef KVTIER_EXAMPLES_KVTIER_RECALL_ARMS_H_
 #define KVTIER_EXAMPLES_KVTIER_RECALL_ARMS_H_
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,10 @@ struct Arm {
   // when `fixed_k_amax` / `fixed_v_amax` are set, static (Options::k_tensor_amax).
   float fixed_k_amax = 0;
   float fixed_v_amax = 0;
+  // When set, the cache's own policy engine ages the blocks instead of `format_of`: the runner
+  // calls Cache::SetPolicy, and EndStep after each chunk it appends (a prefill in chunks), so
+  // blocks land where the engine puts them (`format_of` then only describes the intent).
+  std::optional<Policy> policy;
 };
 
 // Every full block in `cold` (palette {fp16, cold}); the arm's name is the format's name.
@@ -48,10 +54,10 @@ Arm SingleFormatArm(const FormatSpec& cold);
 // FP16 -> `formats[0]` -> ... -> `formats.back()`, one step at a time, every full block.
 Arm ChainArm(const std::string& name, const std::vector<FormatSpec>& formats);
 
-// A precision policy as a whole ("policy:<name>"): its palette, and each full block in the
-// tier its age (tokens from the block's last token to the sequence's last token) falls in, as
-// the cache's policy engine would place it at query time (kvtier/policy.h; no memory pressure);
-// sink blocks stay in the hot tier, and blocks reach a tier through every tier before it.
+// A precision policy as a whole ("policy:<name>"), run by the cache's policy engine
+// (Arm::policy; memory pressure off, so windows keep their size). `format_of` states where the
+// engine puts each full block at query time: the tier its age (tokens from the block's last
+// token to the sequence's last token) falls in; sink blocks stay in the hot tier.
 Arm PolicyArm(const Policy& policy);
 
 // The arms of the default sweep, FP16 first.
@@ -71,6 +77,7 @@ class ArmRunner {
     std::vector<float> out;     // [q_heads, head_dim]
     std::vector<float> lse;     // [q_heads]
     double bits_per_element = 0;  // of the trial's blocks, payload plus scales
+    std::vector<int32_t> block_formats;  // palette index of each block at query time
     // When requested: relative L2 difference between the paged attention output and a dense
     // attention over the cache's own decoding (ReadKV) of the same pages. Zero on the CPU
     // (both are the reference); the slot for a GPU kernel's compute error.
@@ -78,7 +85,8 @@ class ArmRunner {
   };
 
   // Writes `trial`, demotes its blocks, attends every query head. The result's buffers are
-  // reused across calls.
+  // reused across calls. Internal when a block is not where the arm's `format_of` says (for a
+  // policy arm: the engine placed it elsewhere), so that no result describes the wrong arm.
   absl::Status Run(const Trial& trial, bool measure_compute_error, Result* result);
 
   const Arm& arm() const { return arm_; }
@@ -87,6 +95,8 @@ class ArmRunner {
   ArmRunner(const Arm& arm, std::unique_ptr<Cache> cache, int64_t chunk_tokens)
       : arm_(arm), cache_(std::move(cache)), chunk_tokens_(chunk_tokens) {}
   absl::Status Write(const Trial& trial, SequenceId seq);
+  // Each block's palette index into `formats`, checked against the arm's `format_of`.
+  absl::Status CheckPlacement(int64_t length, SequenceId seq, std::vector<int32_t>* formats) const;
 
   Arm arm_;
   std::unique_ptr<Cache> cache_;
