@@ -2,7 +2,8 @@
 //
 // Work split: a block of 4 warps attends one (sequence, KV head, split); its warps take the
 // split's pages in turn, each keeping its own online-softmax state for the GQA group, and the
-// block merges the four states at the end. A warp handles one 16-token page per step with
+// block merges the four states at the end. Each warp streams its pages into shared memory
+// through its own cp.async ring (kStages deep) and handles one 16-token page per step with
 // m16n8k16 tensor-core products (FP16 in, FP32 accumulate), laid out as in FlashAttention so
 // that the probabilities of S = Q K^T are already in place as the A operand of O += P V:
 //   S^T tile n:  A = Q [16 heads x 16 dims], B = K^T [16 dims x 8 tokens]  (8 k-steps, 2 tiles)
