@@ -95,18 +95,6 @@ __device__ __forceinline__ void Fp8RowToCanonical(uint4 a, uint4 b, bool e5m2, u
   }
 }
 
-// The FP32 scale of (head, token) for a codec: in-page per block or per token, else the
-// pool's tensor scale (1 for FP16).
-__device__ __forceinline__ float TokenScale(const PageLayout& l, const CodecLayout& c,
-                                            const uint8_t* page, int head, int token,
-                                            float tensor_scale) {
-  if (c.type == ElementType::kFp16 || c.type == ElementType::kBf16) return 1.f;
-  if (c.scope == ScaleScope::kBlockHead || c.scope == ScaleScope::kTokenHead) {
-    return *reinterpret_cast<const float*>(page + l.ScaleOffset(c, head, token));
-  }
-  return tensor_scale;
-}
-
 // K rows g and g + 8 of `head`, dims 32c..32c+31, decoded to the canonical order; the FP32
 // scale is left out.
 __device__ __forceinline__ void LoadKeys(const PageLayout& l, const uint8_t* page, int head,
@@ -259,28 +247,12 @@ __device__ __forceinline__ float QuadSum(float x) {
 // ---- Staging pages in shared memory ----
 // Each warp streams its pages through a ring of kStages buffers with cp.async, so that the
 // loads of the next pages are in flight while it computes on this one. A buffer holds one
-// page's data for one KV head, laid out as a one-head page (PagedDecodeParams::head_layouts):
+// page's data for one KV head, laid out as a one-head page (PagedDecodeParams::StagePlan):
 // the decode functions read it exactly as they would read the page, with head 0.
 constexpr int kStages = 3;
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Copies `bytes` (a multiple of `kChunk`, both ends aligned to it) from global to shared memory,
-// the warp's lanes taking chunks in turn.
-template <int kChunk>
-__device__ __forceinline__ void CopyAsync(uint8_t* dst, const uint8_t* src, uint32_t bytes,
-                                          int lane) {
-  for (uint32_t at = kChunk * lane; at < bytes; at += 32 * kChunk) {
-    if (kChunk == 16) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SharedAddress(dst + at)),
-                   "l"(src + at));
-    } else {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SharedAddress(dst + at)),
-                   "l"(src + at));
-    }
-  }
 }
 
 __device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -290,31 +262,32 @@ __device__ __forceinline__ void WaitCopies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Starts copying the data of `head` in the page `entry` names into `dst`: K and V rows, their
-// micro-scales and their FP32 scales.
+// Starts copying the data of `head` in the page `entry` names into `dst` as the format's
+// StagePlan says: K and V rows and micro-scales, then the 16 K and 16 V scales (lanes 0-15 and
+// 16-31; a per-block scale lands in slot 0, a per-tensor one is written there).
 __device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t entry, int head,
                                           uint8_t* dst, int lane) {
   const uint32_t format = entry >> kPackedFormatShift;
-  const PageLayout& l = p.pools[format].layout;
-  const PageLayout& h = p.head_layouts[format];
-  const uint8_t* page =
-      p.pools[format].base + static_cast<uint64_t>(entry & kPackedPageMask) * l.page_bytes;
-  const CodecLayout* full[2] = {&l.k, &l.v};
-  const CodecLayout* one[2] = {&h.k, &h.v};
+  const PagedDecodeParams::StagePlan& plan = p.plans[format];
+  const uint8_t* page = p.pools[format].base +
+                        static_cast<uint64_t>(entry & kPackedPageMask) * p.pools[format].layout.page_bytes;
 #pragma unroll
-  for (int side = 0; side < 2; ++side) {
-    const CodecLayout& c = *full[side];
-    CopyAsync<16>(dst + one[side]->payload_offset, page + l.PayloadOffset(c, head, 0),
-                  static_cast<uint32_t>(l.tokens) * c.row_bytes, lane);
-    if (c.type == ElementType::kNvfp4) {
-      CopyAsync<16>(dst + one[side]->micro_offset, page + l.MicroOffset(c, head, 0, 0),
-                    static_cast<uint32_t>(l.tokens) * l.head_dim / kMicroBlock, lane);
+  for (int s = 0; s < 4; ++s) {
+    const uint8_t* src = page + plan.src[s] + head * plan.head_stride[s];
+    for (uint32_t chunk = lane; chunk < plan.chunks[s]; chunk += 32) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                       SharedAddress(dst + plan.dst[s] + 16 * chunk)),
+                   "l"(src + 16 * chunk));
     }
-    if (c.scope == ScaleScope::kBlockHead || c.scope == ScaleScope::kTokenHead) {
-      const uint32_t scales = c.scope == ScaleScope::kTokenHead ? l.tokens : 1;
-      CopyAsync<4>(dst + one[side]->scale_offset, page + l.ScaleOffset(c, head, 0), 4 * scales,
-                   lane);
-    }
+  }
+  const int side = lane / 16, slot = lane % 16;
+  const uint32_t count = plan.scale_count[side];
+  float* scales = reinterpret_cast<float*>(dst + p.scales_at) + 16 * side;
+  if (static_cast<uint32_t>(slot) < count) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SharedAddress(scales + slot)),
+                 "l"(page + plan.scale_src[side] + 4 * (head * count + slot)));
+  } else if (count == 0 && slot == 0) {
+    scales[0] = plan.fill[side];
   }
 }
 
@@ -388,8 +361,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_const
     WaitCopies<kStages - 1>();  // page i has landed (this lane's copies)
     __syncwarp();               // ... and every lane's
     const uint32_t entry = ring_entry[i % kStages];
-    const DecodePool& pool = p.pools[entry >> kPackedFormatShift];
-    const PageLayout& l = p.head_layouts[entry >> kPackedFormatShift];
+    const PagedDecodeParams::StagePlan& plan = p.plans[entry >> kPackedFormatShift];
+    const PageLayout& l = plan.layout;
     const uint8_t* page = ring + (i % kStages) * p.stage_bytes;
     const int page_index = first + i * kWarps;
     const int valid = min(kDecodeBlockTokens, seq_len - page_index * kDecodeBlockTokens);
@@ -407,12 +380,14 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_const
       }
     }
     float vscale[4];  // tokens 2c, 2c+1, 2c+8, 2c+9
+    const float* staged_scales = reinterpret_cast<const float*>(page + p.scales_at);
+    const int k_stride = plan.scale_count[0] == 16, v_stride = plan.scale_count[1] == 16;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int token = 2 * c + (i & 1) + 8 * (i >> 1);
-      const float ks = TokenScale(l, l.k, page, 0, token, pool.k_tensor_scale);
+      const float ks = staged_scales[token * k_stride];
       const bool ok = token < valid;
-      vscale[i] = ok ? TokenScale(l, l.v, page, 0, token, pool.v_tensor_scale) : 0.f;
+      vscale[i] = ok ? staged_scales[16 + token * v_stride] : 0.f;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         float& x = s[i >> 1][2 * half + (i & 1)];
@@ -423,7 +398,8 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_const
     // four lanes of a quad: their probabilities meet in the same output accumulators.
     float page_unit = QuadMax(fmaxf(fmaxf(vscale[0], vscale[1]), fmaxf(vscale[2], vscale[3])));
     if (!(page_unit > 1e-30f) || !isfinite(page_unit)) page_unit = 1.f;
-    const float unit_ratio = unit / page_unit;
+    const float inv_page_unit = 1.f / page_unit;
+    const float unit_ratio = unit * inv_page_unit;
     unit = page_unit;
 
     uint32_t pa[4];
@@ -446,7 +422,7 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_const
         o[t][2 * half] *= rescale;
         o[t][2 * half + 1] *= rescale;
       }
-      const float r = 1.f / page_unit;
+      const float r = inv_page_unit;
       pa[half] = PackHalf2(e[0] * (vscale[0] * r), e[1] * (vscale[1] * r));
       pa[2 + half] = PackHalf2(e[2] * (vscale[2] * r), e[3] * (vscale[3] * r));
     }
@@ -576,9 +552,33 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
     FormatSpec spec;
     spec.k = {l.k.type, l.k.scope, l.k.axis};
     spec.v = {l.v.type, l.v.scope, l.v.axis};
-    k.head_layouts[f] = MakePageLayout(1, l.tokens, l.head_dim, spec);
-    k.stage_bytes = std::max<int32_t>(k.stage_bytes, (k.head_layouts[f].data_bytes + 15) / 16 * 16);
+    PagedDecodeParams::StagePlan& plan = k.plans[f];
+    plan.layout = MakePageLayout(1, l.tokens, l.head_dim, spec);
+    const CodecLayout* full[2] = {&l.k, &l.v};
+    const CodecLayout* one[2] = {&plan.layout.k, &plan.layout.v};
+    const float tensor[2] = {p.pools[f].k_tensor_scale, p.pools[f].v_tensor_scale};
+    for (int side = 0; side < 2; ++side) {
+      const CodecLayout& c = *full[side];
+      const uint32_t row_run = static_cast<uint32_t>(l.tokens) * c.row_bytes;
+      plan.src[side] = l.PayloadOffset(c, 0, 0);
+      plan.head_stride[side] = row_run;
+      plan.dst[side] = one[side]->payload_offset;
+      plan.chunks[side] = row_run / 16;
+      const uint32_t micro_run = static_cast<uint32_t>(l.tokens) * l.head_dim / kMicroBlock;
+      const bool nvfp4 = c.type == ElementType::kNvfp4;
+      plan.src[2 + side] = nvfp4 ? l.MicroOffset(c, 0, 0, 0) : 0;
+      plan.head_stride[2 + side] = micro_run;
+      plan.dst[2 + side] = one[side]->micro_offset;
+      plan.chunks[2 + side] = nvfp4 ? micro_run / 16 : 0;
+      const bool scaled = c.type != ElementType::kFp16 && c.type != ElementType::kBf16;
+      plan.scale_count[side] = !scaled ? 0 : PageScalesPerHead(CodecSpec{c.type, c.scope, c.axis}, l.tokens);
+      plan.scale_src[side] = plan.scale_count[side] > 0 ? l.ScaleOffset(c, 0, 0) : 0;
+      plan.fill[side] = scaled ? tensor[side] : 1.f;
+    }
+    k.stage_bytes = std::max<int32_t>(k.stage_bytes, (plan.layout.data_bytes + 15) / 16 * 16);
   }
+  k.scales_at = k.stage_bytes;
+  k.stage_bytes += 32 * sizeof(float);
   const bool wide = p.num_q_heads / p.num_kv_heads > 8;
   const size_t group_rows = wide ? 16 : 8;
   const size_t ring = static_cast<size_t>(kWarps) * kStages * (k.stage_bytes + 4);

@@ -58,10 +58,21 @@ struct PagedDecodeParams {
   int32_t pages_per_split = 0;  // REQUIRES: num_splits * pages_per_split >= every page count
   // With num_splits > 1: device workspace of DecodeWorkspaceFloats() floats.
   float* workspace = nullptr;
-  // Set by LaunchPagedDecode: each format's layout of one head's data (how a page is staged in
-  // shared memory), and the staging buffer size.
-  PageLayout head_layouts[kDecodeMaxFormats]{};
+  // Set by LaunchPagedDecode: how each format's page is staged in shared memory (one head's
+  // data, laid out as a one-head page, then 16 K and 16 V scales), and the buffer size.
+  struct StagePlan {
+    PageLayout layout;  // the one-head layout of the staged data
+    // K rows, V rows, K micro-scales, V micro-scales: source offset for head 0, per-head source
+    // stride, destination offset, 16-byte chunks (0 when absent).
+    uint32_t src[4], head_stride[4], dst[4], chunks[4];
+    // FP32 scales per head and side: 16 (per token), 1 (per block, copied), or 0 (per tensor or
+    // none: `fill` is written instead). Source offset for head 0.
+    uint32_t scale_count[2], scale_src[2];
+    float fill[2];
+  };
+  StagePlan plans[kDecodeMaxFormats]{};
   int32_t stage_bytes = 0;
+  int32_t scales_at = 0;  // offset of the 32 staged scales in a buffer
 };
 
 // A split count that fills `num_sms` multiprocessors for this batch shape, and pages per split.
