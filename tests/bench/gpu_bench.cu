@@ -11,7 +11,7 @@
 //     FP8, NVFP4 and the balanced mix over batch {1, 8, 64, 256} x context {1K, 8K, 32K, 128K},
 //     8 KV / 32 query heads, head_dim 128, 16-token pages in shuffled order, reported as bytes
 //     read (K/V rows, micro-scales, scales) over time against the read roof.
-// Usage: kvtier_gpu_bench OUT.json
+// Usage: kvtier_gpu_bench OUT.json [--decode-only]   (--decode-only skips migration and append)
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
@@ -436,9 +436,37 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
   return true;
 }
 
+// Migration and append benchmarks (the data plane), appended to `migrations` and `appends`.
+void RunDataPlane(cudaStream_t stream, CudaBackend* backend, std::vector<Result>* migrations,
+                  std::vector<Result>* appends) {
+  migrations->push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", true, "fp16_to_fp8_e4m3_block_head"));
+  migrations->push_back(Migration(stream, "fp16", "nvfp4/block_head", true, "fp16_to_nvfp4_block_head"));
+  migrations->push_back(Migration(stream, "fp16", "k:nvfp4_channel/block_head,v:nvfp4/block_head", true,
+                                  "fp16_to_nvfp4_channel_k_nvfp4_v"));
+  migrations->push_back(Migration(stream, "fp8_e4m3/block_head", "nvfp4/block_head", true,
+                                  "fp8_e4m3_block_head_to_nvfp4_block_head"));
+  for (const auto& [variant, suffix] :
+       {std::pair{gpu::RequantizeVariant::kTwoBlocksPerSm, "_2_blocks_per_sm"},
+        std::pair{gpu::RequantizeVariant::kFourBlocksPerSm, "_4_blocks_per_sm"}}) {
+    migrations->push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", true,
+                                    (std::string("fp16_to_fp8_e4m3_block_head") + suffix).c_str(),
+                                    variant));
+    migrations->push_back(Migration(stream, "fp16", "nvfp4/block_head", true,
+                                    (std::string("fp16_to_nvfp4_block_head") + suffix).c_str(),
+                                    variant));
+  }
+  migrations->push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", false,
+                                  "fp16_to_fp8_e4m3_block_head_codec_only"));
+  migrations->push_back(Migration(stream, "fp16", "nvfp4/block_head", false,
+                                  "fp16_to_nvfp4_block_head_codec_only"));
+  Append(stream, backend, 256, 1, "append_fp16_batch256x1", appends);
+  Append(stream, backend, 256, 512, "append_fp16_batch256x512", appends);
+}
+
 int Main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s OUT.json\n", argv[0]);
+  const bool decode_only = argc == 3 && std::string(argv[2]) == "--decode-only";
+  if (argc != 2 && !decode_only) {
+    std::fprintf(stderr, "usage: %s OUT.json [--decode-only]\n", argv[0]);
     return 2;
   }
   absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create();
@@ -454,28 +482,7 @@ int Main(int argc, char** argv) {
 
   std::vector<Result> roof_runs, migrations, appends;
   const double roof = CopyRoof(stream, &roof_runs);
-  migrations.push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", true, "fp16_to_fp8_e4m3_block_head"));
-  migrations.push_back(Migration(stream, "fp16", "nvfp4/block_head", true, "fp16_to_nvfp4_block_head"));
-  migrations.push_back(Migration(stream, "fp16", "k:nvfp4_channel/block_head,v:nvfp4/block_head", true,
-                                 "fp16_to_nvfp4_channel_k_nvfp4_v"));
-  migrations.push_back(Migration(stream, "fp8_e4m3/block_head", "nvfp4/block_head", true,
-                                 "fp8_e4m3_block_head_to_nvfp4_block_head"));
-  for (const auto& [variant, suffix] :
-       {std::pair{gpu::RequantizeVariant::kTwoBlocksPerSm, "_2_blocks_per_sm"},
-        std::pair{gpu::RequantizeVariant::kFourBlocksPerSm, "_4_blocks_per_sm"}}) {
-    migrations.push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", true,
-                                   (std::string("fp16_to_fp8_e4m3_block_head") + suffix).c_str(),
-                                   variant));
-    migrations.push_back(Migration(stream, "fp16", "nvfp4/block_head", true,
-                                   (std::string("fp16_to_nvfp4_block_head") + suffix).c_str(),
-                                   variant));
-  }
-  migrations.push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", false,
-                                 "fp16_to_fp8_e4m3_block_head_codec_only"));
-  migrations.push_back(Migration(stream, "fp16", "nvfp4/block_head", false,
-                                 "fp16_to_nvfp4_block_head_codec_only"));
-  Append(stream, backend->get(), 256, 1, "append_fp16_batch256x1", &appends);
-  Append(stream, backend->get(), 256, 512, "append_fp16_batch256x512", &appends);
+  if (!decode_only) RunDataPlane(stream, backend->get(), &migrations, &appends);
 
   std::vector<Result> read_runs, decodes;
   const double read_roof = ReadRoof(stream, prop.multiProcessorCount, &read_runs);
