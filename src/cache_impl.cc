@@ -221,11 +221,11 @@ uint32_t CacheImpl::NowMs() const {
                                    .count());
 }
 
-uint32_t CacheImpl::NewBlock(int format) {
+uint32_t CacheImpl::NewBlock(int format, uint32_t now_ms) {
   PagePool& pool = pools_[format];
   const uint32_t block = blocks_.Allocate(static_cast<uint8_t>(format), 0);
   blocks_[block].page = pool.Allocate(block);
-  blocks_[block].born_ms = NowMs();
+  blocks_[block].born_ms = now_ms;
   return block;
 }
 
@@ -342,9 +342,11 @@ absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
   MutexLock lock(&mu_);
   // Plan: count the pages the whole batch needs, so that it fails before changing anything.
   int64_t pages = 0;
+  batch_sequences_.clear();
   for (size_t i = 0; i < batch.size(); ++i) {
-    const Sequence* seq = sequences_.Find(batch[i]);
+    Sequence* seq = sequences_.Find(batch[i]);
     if (seq == nullptr) return UnknownSequence(batch[i]);
+    batch_sequences_.push_back(seq);
     const int64_t room = TailRoom(*seq);
     if (num_tokens[i] > room) pages += (num_tokens[i] - room + s - 1) / s;
     // A shared partial tail is copied before the write. (A sequence named twice in the batch
@@ -354,15 +356,17 @@ absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
   // Block metadata never runs out before pages do (see the BlockTable's capacity).
   if (pages > 0) KVTIER_RETURN_IF_ERROR(EnsureFreePages(0, static_cast<uint32_t>(pages)));
   size_t next_token = 0;
+  uint32_t now_ms = kNoTime;  // read once, at the first new block
   for (size_t i = 0; i < batch.size(); ++i) {
-    Sequence* seq = sequences_.Find(batch[i]);
+    Sequence* seq = batch_sequences_[i];  // no sequence is added or removed in between
     if (TailRoom(*seq) > 0 && blocks_[seq->blocks.back()].ref_count > 1) {
       KVTIER_RETURN_IF_ERROR(CopyTail(*seq));
     }
     seq->hashing = seq->hashing && !tokens.empty();
     for (int64_t t = 0; t < num_tokens[i]; ++t) {
       if (TailRoom(*seq) == 0) {
-        seq->blocks.push_back(NewBlock(0));
+        if (now_ms == kNoTime) now_ms = NowMs();
+        seq->blocks.push_back(NewBlock(0, now_ms));
         blocks_[seq->blocks.back()].coldest_format = static_cast<uint8_t>(seq->coldest_format);
       }
       BlockMeta& tail = blocks_[seq->blocks.back()];
@@ -387,7 +391,7 @@ int64_t CacheImpl::TailRoom(const Sequence& seq) const {
 
 absl::Status CacheImpl::CopyTail(Sequence& seq) {
   const uint32_t shared = seq.blocks.back();
-  const uint32_t copy = NewBlock(0);
+  const uint32_t copy = NewBlock(0, NowMs());
   for (int l = 0; l < options_.geometry.num_layers; ++l) {
     const absl::Status s = backend_->CopyPage(View(0, l), blocks_[shared].page, blocks_[copy].page);
     if (!s.ok()) {

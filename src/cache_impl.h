@@ -81,8 +81,9 @@ class CacheImpl final : public Cache {
   void Attach(Sequence& seq, uint32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MapSlot(int format) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status UnmapSlot(int format, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A new in-use block with a page of `format`. REQUIRES: EnsureFreePages(format, 1) passed.
-  uint32_t NewBlock(int format) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new in-use block with a page of `format`, born at `now_ms` (NowMs(), read once per call
+  // by callers that allocate many). REQUIRES: EnsureFreePages(format, 1) passed.
+  uint32_t NewBlock(int format, uint32_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one reference held by `seq`. At the last one an indexed block becomes cached (and
   // evictable when it is a leaf); any other block is freed.
   void DropRef(uint32_t block, const Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -140,12 +141,15 @@ class CacheImpl final : public Cache {
   std::optional<ActivePolicy> policy_ ABSL_GUARDED_BY(mu_);
   bool under_pressure_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<SequenceId> dirty_ ABSL_GUARDED_BY(mu_);
+  // AppendBatch's sequences, found once (capacity kept across calls: no steady-state allocation).
+  std::vector<Sequence*> batch_sequences_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<uint32_t>> demote_queue_ ABSL_GUARDED_BY(mu_);  // [target format]
   int64_t demotions_under_pressure_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t policy_demotion_failures_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Residency and migration timing, on a millisecond clock from creation.
   uint32_t NowMs() const;
+  static constexpr uint32_t kNoTime = 0xFFFFFFFFu;
   const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   Histogram migration_seconds_ ABSL_GUARDED_BY(mu_){Histogram::Exponential(1e-5, 4, 10)};
   Histogram block_lifetime_seconds_ ABSL_GUARDED_BY(mu_){Histogram::Exponential(0.01, 4, 12)};
