@@ -24,6 +24,7 @@ namespace kvtier {
 namespace {
 
 using ::kvtier::testing::MustCreate;
+using ::kvtier::testing::RandomFloats;
 using ::kvtier::testing::RandomHalves;
 
 constexpr int kLayers = 2, kHeads = 2, kDim = 32, kTokens = 16;
@@ -416,14 +417,6 @@ TEST(AdaptersTest, TensorRtLlmRefusesDistinctKAndVScales) {
   const TensorRtLlmLayer trt = *GetTensorRtLlmLayer(*same, 0, 0);
   EXPECT_FLOAT_EQ(trt.kv_scale_quant_orig, 12.f / 448);
   EXPECT_FLOAT_EQ(trt.kv_scale_orig_quant, 448 / 12.f);
-}
-
-std::vector<float> RandomFloats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> out(n);
-  for (float& x : out) x = dist(rng);
-  return out;
 }
 
 // The partition-and-merge path: a mixed FP16/FP8 batch attended per format (the CPU reference

@@ -14,15 +14,8 @@ namespace kvtier {
 namespace {
 
 using ::kvtier::testing::MustCreate;
+using ::kvtier::testing::RandomFloats;
 using ::kvtier::testing::RandomHalves;
-
-std::vector<float> RandomFloats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> out(n);
-  for (float& x : out) x = dist(rng);
-  return out;
-}
 
 struct Results {
   std::vector<float> out, lse, logits;

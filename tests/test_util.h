@@ -41,6 +41,15 @@ inline std::vector<uint16_t> RandomHalves(size_t n, uint32_t seed) {
   return out;
 }
 
+// Standard normal floats.
+inline std::vector<float> RandomFloats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<float> out(n);
+  for (float& x : out) x = dist(rng);
+  return out;
+}
+
 // The counters and gauges that must not move when a call fails.
 inline void ExpectSameState(const CacheStats& a, const CacheStats& b) {
   EXPECT_EQ(a.slabs_free, b.slabs_free);

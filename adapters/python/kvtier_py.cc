@@ -156,44 +156,72 @@ struct PyTensorView {
   }
 };
 
+// A tensor taken from an object's __dlpack__ without a copy: it must be in the memory of
+// `backend` (host memory for the CPU backend, CUDA memory for the CUDA backend) and C-contiguous,
+// else ValueError naming `what`. Holds the producer's tensor until destroyed.
+class DlpackImport {
+ public:
+  DlpackImport(const py::object& obj, BackendKind backend, const std::string& what) {
+    capsule_ = obj.attr("__dlpack__")();
+    managed_ = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule_.ptr(), "dltensor"));
+    if (managed_ == nullptr) throw py::error_already_set();
+    PyCapsule_SetName(capsule_.ptr(), "used_dltensor");
+    const DLTensor& t = managed_->dl_tensor;
+    // kDLCPU 1, kDLCUDA 2, kDLCUDAHost 3, kDLCUDAManaged 13.
+    const int32_t d = t.device.device_type;
+    if (backend == BackendKind::kCuda ? (d != 2 && d != 13) : (d != 1 && d != 3)) {
+      throw py::value_error(what + (backend == BackendKind::kCuda
+                                        ? " must be in CUDA memory for the CUDA backend"
+                                        : " must be in host memory for the CPU backend"));
+    }
+    if (t.strides != nullptr) {
+      int64_t expect = 1;
+      for (int i = t.ndim - 1; i >= 0; --i) {
+        if (t.shape[i] != 1 && t.strides[i] != expect) {
+          throw py::value_error(what + " via DLPack must be contiguous");
+        }
+        expect *= t.shape[i];
+      }
+    }
+  }
+  ~DlpackImport() {
+    if (managed_->deleter != nullptr) managed_->deleter(managed_);
+  }
+  DlpackImport(const DlpackImport&) = delete;
+  DlpackImport& operator=(const DlpackImport&) = delete;
+
+  const DLDataType& dtype() const { return managed_->dl_tensor.dtype; }
+  std::vector<int64_t> shape() const {
+    const DLTensor& t = managed_->dl_tensor;
+    return std::vector<int64_t>(t.shape, t.shape + t.ndim);
+  }
+  uint8_t* data() const {
+    return static_cast<uint8_t*>(managed_->dl_tensor.data) + managed_->dl_tensor.byte_offset;
+  }
+
+ private:
+  py::object capsule_;
+  DLManagedTensor* managed_ = nullptr;
+};
+
 // K or V input from a numpy array (float16; other dtypes are converted, a copy) or any object
 // with __dlpack__ (float16 or bfloat16, contiguous, on the cache's device: host memory for the
 // CPU backend, CUDA memory for the CUDA backend, whose kernels read the pointer directly).
 class KVSource {
  public:
   KVSource(const py::object& obj, BackendKind backend) {
-    const bool cuda = backend == BackendKind::kCuda;
     if (!py::isinstance<py::array>(obj) && py::hasattr(obj, "__dlpack__")) {
-      capsule_ = obj.attr("__dlpack__")();
-      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule_.ptr(), "dltensor"));
-      if (m == nullptr) throw py::error_already_set();
-      const DLTensor& t = m->dl_tensor;
-      // kDLCPU 1, kDLCUDA 2, kDLCUDAHost 3, kDLCUDAManaged 13.
-      const int32_t d = t.device.device_type;
-      if (cuda ? (d != 2 && d != 13) : (d != 1 && d != 3)) {
-        throw py::value_error(cuda ? "the CUDA backend takes K/V in CUDA memory"
-                                   : "the CPU backend takes K/V in host memory");
-      }
-      if (t.dtype.bits != 16 || t.dtype.lanes != 1 || (t.dtype.code != 2 && t.dtype.code != 4)) {
+      dlpack_ = std::make_unique<DlpackImport>(obj, backend, "K/V");
+      const DLDataType& t = dlpack_->dtype();
+      if (t.bits != 16 || t.lanes != 1 || (t.code != 2 && t.code != 4)) {
         throw py::value_error("K/V via DLPack must be float16 or bfloat16");
       }
-      dtype_ = t.dtype.code == 2 ? DType::kFloat16 : DType::kBFloat16;
-      shape_.assign(t.shape, t.shape + t.ndim);
-      if (t.strides != nullptr) {
-        int64_t expect = 1;
-        for (int i = t.ndim - 1; i >= 0; --i) {
-          if (t.shape[i] != 1 && t.strides[i] != expect) {
-            throw py::value_error("K/V via DLPack must be contiguous");
-          }
-          expect *= t.shape[i];
-        }
-      }
-      data_ = static_cast<const uint8_t*>(t.data) + t.byte_offset;
-      PyCapsule_SetName(capsule_.ptr(), "used_dltensor");
-      managed_ = m;
+      dtype_ = t.code == 2 ? DType::kFloat16 : DType::kBFloat16;
+      shape_ = dlpack_->shape();
+      data_ = dlpack_->data();
       return;
     }
-    if (cuda) {
+    if (backend == BackendKind::kCuda) {
       throw py::value_error("the CUDA backend takes K/V in CUDA memory (e.g. a torch CUDA tensor)");
     }
     py::module_ np = py::module_::import("numpy");
@@ -202,11 +230,6 @@ class KVSource {
     data_ = a.data();
     array_ = a;
   }
-  ~KVSource() {
-    if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
-  }
-  KVSource(const KVSource&) = delete;
-  KVSource& operator=(const KVSource&) = delete;
 
   const void* data() const { return data_; }
   DType dtype() const { return dtype_; }
@@ -214,8 +237,7 @@ class KVSource {
 
  private:
   py::object array_;  // keeps the converted array alive
-  py::object capsule_;
-  DLManagedTensor* managed_ = nullptr;
+  std::unique_ptr<DlpackImport> dlpack_;
   const void* data_ = nullptr;
   DType dtype_ = DType::kFloat16;
   std::vector<int64_t> shape_;
@@ -238,69 +260,57 @@ KVInput MakeInput(const KVSource& k, const KVSource& v, const Geometry& g) {
 class FloatTensor {
  public:
   FloatTensor(const py::object& obj, BackendKind backend, const std::vector<int64_t>& shape,
-              const char* name) {
-    const bool cuda = backend == BackendKind::kCuda;
+              const std::string& name) {
     std::vector<int64_t> got;
     if (py::isinstance<py::array>(obj)) {
       const py::array a = obj.cast<py::array>();
-      if (cuda) throw py::value_error(std::string(name) + " must be in CUDA memory for the CUDA backend");
+      if (backend == BackendKind::kCuda) {
+        throw py::value_error(name + " must be in CUDA memory for the CUDA backend");
+      }
       if (!a.dtype().is(py::dtype::of<float>()) ||
           !(a.flags() & py::array::c_style) || !a.writeable()) {
-        throw py::value_error(std::string(name) + " must be a writable C-contiguous float32 array");
+        throw py::value_error(name + " must be a writable C-contiguous float32 array");
       }
       got.assign(a.shape(), a.shape() + a.ndim());
       data_ = static_cast<float*>(const_cast<void*>(a.data()));
       keep_ = obj;
     } else if (py::hasattr(obj, "__dlpack__")) {
-      capsule_ = obj.attr("__dlpack__")();
-      managed_ = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule_.ptr(), "dltensor"));
-      if (managed_ == nullptr) throw py::error_already_set();
-      PyCapsule_SetName(capsule_.ptr(), "used_dltensor");
-      const DLTensor& t = managed_->dl_tensor;
-      const int32_t d = t.device.device_type;
-      if (cuda ? (d != 2 && d != 13) : (d != 1 && d != 3)) {
-        throw py::value_error(std::string(name) + (cuda ? " must be in CUDA memory" : " must be in host memory"));
+      dlpack_ = std::make_unique<DlpackImport>(obj, backend, name);
+      const DLDataType& t = dlpack_->dtype();
+      if (t.code != 2 || t.bits != 32 || t.lanes != 1) {
+        throw py::value_error(name + " must be float32");
       }
-      if (t.dtype.code != 2 || t.dtype.bits != 32 || t.dtype.lanes != 1) {
-        throw py::value_error(std::string(name) + " must be float32");
-      }
-      got.assign(t.shape, t.shape + t.ndim);
-      if (t.strides != nullptr) {
-        int64_t expect = 1;
-        for (int i = t.ndim - 1; i >= 0; --i) {
-          if (t.shape[i] != 1 && t.strides[i] != expect) {
-            throw py::value_error(std::string(name) + " must be contiguous");
-          }
-          expect *= t.shape[i];
-        }
-      }
-      data_ = reinterpret_cast<float*>(static_cast<uint8_t*>(t.data) + t.byte_offset);
+      got = dlpack_->shape();
+      data_ = reinterpret_cast<float*>(dlpack_->data());
     } else {
-      throw py::type_error(std::string(name) + " must be a numpy array or support __dlpack__");
+      throw py::type_error(name + " must be a numpy array or support __dlpack__");
     }
     if (got != shape) {
       std::string want;
       for (int64_t x : shape) want += (want.empty() ? "" : ", ") + std::to_string(x);
-      throw py::value_error(std::string(name) + " must have shape [" + want + "]");
+      throw py::value_error(name + " must have shape [" + want + "]");
     }
     size_ = 1;
     for (int64_t x : shape) size_ *= static_cast<size_t>(x);
   }
-  ~FloatTensor() {
-    if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
-  }
-  FloatTensor(const FloatTensor&) = delete;
-  FloatTensor& operator=(const FloatTensor&) = delete;
 
   absl::Span<float> span() const { return absl::MakeSpan(data_, size_); }
 
  private:
-  py::object keep_, capsule_;
-  DLManagedTensor* managed_ = nullptr;
+  py::object keep_;
+  std::unique_ptr<DlpackImport> dlpack_;
   float* data_ = nullptr;
   size_t size_ = 0;
 };
 
+// A copy of `a` with `convert` (an LSE base conversion) applied in place.
+using FloatArrayIn = py::array_t<float, py::array::c_style | py::array::forcecast>;
+py::array_t<float> ConvertedLse(const FloatArrayIn& a, void (*convert)(absl::Span<float>)) {
+  py::array_t<float> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+  std::memcpy(out.mutable_data(), a.data(), a.size() * sizeof(float));
+  convert(absl::MakeSpan(out.mutable_data(), out.size()));
+  return out;
+}
 
 // ---- The cache ----
 
@@ -773,16 +783,16 @@ PYBIND11_MODULE(kvtier, m) {
       .def("decode_attention",
            [](const PyCache& c, int32_t layer, const py::object& batch, const py::object& q,
               const py::object& out, const py::object& lse, std::optional<float> softmax_scale) {
-             PageTables tables;
+             PageTables built;
+             const PageTables* tables = &built;
              if (py::isinstance<PageTables>(batch)) {
-               tables = batch.cast<PageTables>();
+               tables = &batch.cast<const PageTables&>();
              } else {
-               const std::vector<SequenceId> seqs = batch.cast<std::vector<SequenceId>>();
-               Check((*c).BuildPageTables(seqs, &tables));
+               Check((*c).BuildPageTables(batch.cast<std::vector<SequenceId>>(), &built));
              }
              const Geometry& g = c.geometry();
              const BackendKind backend = c.cache->options().backend;
-             const int64_t rows = static_cast<int64_t>(tables.seq_lens.size());
+             const int64_t rows = static_cast<int64_t>(tables->seq_lens.size());
              const py::tuple qshape = q.attr("shape");
              if (qshape.size() != 3) throw py::value_error("q must be [batch, num_q_heads, head_dim]");
              const int64_t heads = qshape[1].cast<int64_t>();
@@ -790,7 +800,7 @@ PYBIND11_MODULE(kvtier, m) {
              const FloatTensor ot(out, backend, {rows, heads, g.head_dim}, "out");
              const FloatTensor lt(lse, backend, {rows, heads}, "lse");
              const float scale = softmax_scale.value_or(1.f / std::sqrt(static_cast<float>(g.head_dim)));
-             Check(DecodeAttention(*c.cache, layer, tables,
+             Check(DecodeAttention(*c.cache, layer, *tables,
                                    DecodeQueries{qt.span(), static_cast<int32_t>(heads), scale},
                                    DecodeOutputs{ot.span(), lt.span(), {}, 0},
                                    DeviceLaunch{nullptr, /*synchronize=*/true}));
@@ -852,21 +862,9 @@ PYBIND11_MODULE(kvtier, m) {
         "may alias a or b): outputs [..., head_dim], LSEs [...], all float32; numpy arrays merge "
         "on the CPU, CUDA tensors (via __dlpack__) with kvtier's merge kernel.");
   m.def("natural_to_base2_lse",
-        [](py::array_t<float, py::array::c_style | py::array::forcecast> a) {
-          py::array_t<float> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
-          std::memcpy(out.mutable_data(), a.data(), a.size() * sizeof(float));
-          NaturalToBase2Lse(absl::MakeSpan(out.mutable_data(), out.size()));
-          return out;
-        },
-        "lse"_a);
+        [](const FloatArrayIn& a) { return ConvertedLse(a, NaturalToBase2Lse); }, "lse"_a);
   m.def("base2_to_natural_lse",
-        [](py::array_t<float, py::array::c_style | py::array::forcecast> a) {
-          py::array_t<float> out(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
-          std::memcpy(out.mutable_data(), a.data(), a.size() * sizeof(float));
-          Base2ToNaturalLse(absl::MakeSpan(out.mutable_data(), out.size()));
-          return out;
-        },
-        "lse"_a);
+        [](const FloatArrayIn& a) { return ConvertedLse(a, Base2ToNaturalLse); }, "lse"_a);
   m.def("merge_partial_states",
         [](int64_t batch, const py::list& parts) {
           using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;

@@ -97,11 +97,10 @@ absl::StatusOr<std::unique_ptr<ArmRunner>> ArmRunner::Create(const Arm& arm, int
                       o.slab_bytes * (2 * arm.palette.size() + 2);
   o.memory_budget_bytes = (need + o.slab_bytes - 1) / o.slab_bytes * o.slab_bytes;
   absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
-  absl::Status policy_set = cache.ok() && arm.policy ? (*cache)->SetPolicy(*arm.policy)
-                                                     : cache.status();
-  if (!policy_set.ok()) {
-    return absl::Status(policy_set.code(),
-                        absl::StrCat("arm ", arm.name, ": ", policy_set.message()));
+  absl::Status status = cache.status();
+  if (status.ok() && arm.policy) status = (*cache)->SetPolicy(*arm.policy);
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("arm ", arm.name, ": ", status.message()));
   }
   return std::unique_ptr<ArmRunner>(new ArmRunner(arm, std::move(*cache), chunk_tokens));
 }
