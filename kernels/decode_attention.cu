@@ -586,10 +586,21 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   const int smem = static_cast<int>(std::max(ring, merge));
   const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
   const auto kernel = wide ? PagedDecodeKernel<16> : PagedDecodeKernel<8>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
+  // The opt-in shared memory limit is raised once per kernel, to the most any launch asks for
+  // (FP16 K and V, the largest staged page), not on every launch.
+  static const cudaError_t raised = [] {
+    constexpr int kMostSmem =
+        kWarps * kStages * (2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4 + 4);
+    for (const auto f : {PagedDecodeKernel<8>, PagedDecodeKernel<16>}) {
+      const cudaError_t r =
+          cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kMostSmem);
+      if (r != cudaSuccess) return r;
+    }
+    return cudaSuccess;
+  }();
+  if (raised != cudaSuccess) return raised;
   kernel<<<grid, kThreads, smem, stream>>>(k);
-  e = cudaGetLastError();
+  cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || p.num_splits == 1) return e;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
   MergeStatesParams m;
