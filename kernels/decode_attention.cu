@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/decode_attention.cuh"
 #include "kvtier/page_tables.h"
@@ -66,8 +67,9 @@ __device__ __forceinline__ uint32_t E2M1PairScaled(uint32_t w) {
   return (x & 0x0E000E00u) | ((x << 3) & 0x80008000u);
 }
 
-// 2^14 twice, as the FP16 pair that undoes E2M1PairScaled's 2^-14 exactly.
-constexpr uint32_t kHalf2Pow14 = 0x74007400u;
+// 2^7 twice, as an FP16 pair: E4M3 micro-scales times 2^7 are exact in FP16, and so are their
+// products with E2M1PairScaled's values (the E2M1 x E4M3 product times 2^-7).
+constexpr uint32_t kHalf2Pow7 = 0x58005800u;
 
 __device__ __forceinline__ void Mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -80,31 +82,49 @@ __device__ __forceinline__ uint4 Load16(const uint8_t* p) {
   return *reinterpret_cast<const uint4*>(p);
 }
 
+// The codecs one side (K or V) of a page can be in, as the kernel decodes them: each has a
+// compile-time staged layout, [16 token rows][128 micro-scale bytes, NVFP4 only].
+enum SideKind : uint32_t { kFp16Side, kE4M3Side, kE5M2Side, kNvfp4DimSide, kNvfp4TokenSide };
+
+template <uint32_t kKind>
+constexpr uint32_t kRowBytes = kKind == kFp16Side ? 256 : kKind <= kE5M2Side ? 128 : 64;
+template <uint32_t kKind>
+constexpr uint32_t kMicroBytes = kKind >= kNvfp4DimSide ? 128 : 0;
+template <uint32_t kKind>
+constexpr uint32_t kSideBytes = 16 * kRowBytes<kKind> + kMicroBytes<kKind>;
+
 // 32 FP8 codes (dims 32c..32c+31 of a row, in two uint4) as 16 FP16 pairs in the canonical K
 // order: pair r = 4m + q holds dims 8m + q and 8m + q + 4.
-__device__ __forceinline__ void Fp8RowToCanonical(uint4 a, uint4 b, bool e5m2, uint32_t h[16]) {
+template <bool kE5M2>
+__device__ __forceinline__ void Fp8RowToCanonical(uint4 a, uint4 b, uint32_t h[16]) {
   const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     const uint32_t lo = Prmt(w[2 * m], w[2 * m + 1], 0x5140);  // dims q and q + 4, q = 0, 1
     const uint32_t hi = Prmt(w[2 * m], w[2 * m + 1], 0x7362);  // q = 2, 3
-    h[4 * m + 0] = Fp8x2ToHalf2(lo & 0xFFFFu, e5m2);
-    h[4 * m + 1] = Fp8x2ToHalf2(lo >> 16, e5m2);
-    h[4 * m + 2] = Fp8x2ToHalf2(hi & 0xFFFFu, e5m2);
-    h[4 * m + 3] = Fp8x2ToHalf2(hi >> 16, e5m2);
+    h[4 * m + 0] = Fp8x2ToHalf2(lo & 0xFFFFu, kE5M2);
+    h[4 * m + 1] = Fp8x2ToHalf2(lo >> 16, kE5M2);
+    h[4 * m + 2] = Fp8x2ToHalf2(hi & 0xFFFFu, kE5M2);
+    h[4 * m + 3] = Fp8x2ToHalf2(hi >> 16, kE5M2);
   }
 }
 
-// K rows g and g + 8 of `head`, dims 32c..32c+31, decoded to the canonical order; the FP32
-// scale is left out.
-__device__ __forceinline__ void LoadKeys(const PageLayout& l, const uint8_t* page, int head,
-                                         int g, int c, uint32_t k[2][16]) {
-  const CodecLayout& cl = l.k;
+// Two E4M3 micro-scales (lo byte first) as an FP16 pair times 2^7: exact (at most 57344).
+__device__ __forceinline__ uint32_t MicroPair(uint32_t codes16) {
+  return Hmul2(Fp8x2ToHalf2(codes16, false), kHalf2Pow7);
+}
+
+// K rows g and g + 8 of a staged side, dims 32c..32c+31, decoded to the canonical order
+// (NVFP4 times 2^-7); the FP32 scale is left out.
+template <uint32_t kKind>
+__device__ __forceinline__ void LoadKeys(const uint8_t* side, int g, int c, uint32_t k[2][16]) {
+  constexpr uint32_t kRow = kRowBytes<kKind>;
+  const uint8_t* micro = side + 16 * kRow;
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
     const int token = g + 8 * n;
-    const uint8_t* row = page + l.PayloadOffset(cl, head, token);
-    if (cl.type == ElementType::kFp16) {
+    const uint8_t* row = side + token * kRow;
+    if constexpr (kKind == kFp16Side) {
       uint32_t w[16];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -119,136 +139,128 @@ __device__ __forceinline__ void LoadKeys(const PageLayout& l, const uint8_t* pag
           k[n][4 * m + q] = Prmt(w[4 * m + q / 2], w[4 * m + 2 + q / 2], q % 2 ? 0x7632 : 0x5410);
         }
       }
-    } else if (cl.type == ElementType::kNvfp4) {
+    } else if constexpr (kKind == kE4M3Side || kKind == kE5M2Side) {
+      Fp8RowToCanonical<kKind == kE5M2Side>(Load16(row + 32 * c), Load16(row + 32 * c + 16), k[n]);
+    } else {
       const uint4 v = Load16(row + 16 * c);
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      uint32_t micro[4];  // per pair of the canonical order of word m
-      if (cl.axis == MicroAxis::kHeadDim) {
+      uint32_t scale[16];  // per canonical pair
+      if constexpr (kKind == kNvfp4DimSide) {
         // Two micro-blocks: dims 32c..+15 (words 0, 1) and 32c+16..+31 (words 2, 3).
-        const uint8_t* mp = page + l.MicroOffset(cl, head, token, 32 * c);
-        const uint32_t pair = Fp8x2ToHalf2(mp[0] | (static_cast<uint32_t>(mp[1]) << 8), false);
-        micro[0] = micro[1] = Prmt(pair, pair, 0x1010);
-        micro[2] = micro[3] = Prmt(pair, pair, 0x3232);
+        const uint32_t pair =
+            MicroPair(*reinterpret_cast<const uint16_t*>(micro + 8 * token + 2 * c));
+        const uint32_t lo = Prmt(pair, pair, 0x1010), hi = Prmt(pair, pair, 0x3232);
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          k[n][4 * m + 0] = Hmul2(Hmul2(E2M1PairScaled<0>(w[m]), kHalf2Pow14), micro[m]);
-          k[n][4 * m + 1] = Hmul2(Hmul2(E2M1PairScaled<1>(w[m]), kHalf2Pow14), micro[m]);
-          k[n][4 * m + 2] = Hmul2(Hmul2(E2M1PairScaled<2>(w[m]), kHalf2Pow14), micro[m]);
-          k[n][4 * m + 3] = Hmul2(Hmul2(E2M1PairScaled<3>(w[m]), kHalf2Pow14), micro[m]);
-        }
+        for (int r = 0; r < 16; ++r) scale[r] = r < 8 ? lo : hi;
       } else {
-        // One micro-scale per dim (the page is one 16-token group): the same canonical order
-        // as an FP8 row.
-        const uint8_t* mp = page + l.MicroOffset(cl, head, 0, 32 * c);
+        // One micro-scale per dim (the page is one 16-token group): the canonical order of an
+        // FP8 row.
         uint32_t ms[16];
-        Fp8RowToCanonical(Load16(mp), Load16(mp + 16), false, ms);
+        Fp8RowToCanonical<false>(Load16(micro + 32 * c), Load16(micro + 32 * c + 16), ms);
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          k[n][4 * m + 0] = Hmul2(Hmul2(E2M1PairScaled<0>(w[m]), kHalf2Pow14), ms[4 * m + 0]);
-          k[n][4 * m + 1] = Hmul2(Hmul2(E2M1PairScaled<1>(w[m]), kHalf2Pow14), ms[4 * m + 1]);
-          k[n][4 * m + 2] = Hmul2(Hmul2(E2M1PairScaled<2>(w[m]), kHalf2Pow14), ms[4 * m + 2]);
-          k[n][4 * m + 3] = Hmul2(Hmul2(E2M1PairScaled<3>(w[m]), kHalf2Pow14), ms[4 * m + 3]);
-        }
+        for (int r = 0; r < 16; ++r) scale[r] = Hmul2(ms[r], kHalf2Pow7);
       }
-    } else {  // FP8
-      Fp8RowToCanonical(Load16(row + 32 * c), Load16(row + 32 * c + 16),
-                        cl.type == ElementType::kFp8E5M2, k[n]);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        k[n][4 * m + 0] = Hmul2(E2M1PairScaled<0>(w[m]), scale[4 * m + 0]);
+        k[n][4 * m + 1] = Hmul2(E2M1PairScaled<1>(w[m]), scale[4 * m + 1]);
+        k[n][4 * m + 2] = Hmul2(E2M1PairScaled<2>(w[m]), scale[4 * m + 2]);
+        k[n][4 * m + 3] = Hmul2(E2M1PairScaled<3>(w[m]), scale[4 * m + 3]);
+      }
     }
   }
 }
 
-// V of tokens (2c, 2c+1) and (2c+8, 2c+9), dims 16g..16g+15, as token pairs: v[j][t] holds dim
-// 16g + t of token pair j. Rows at or beyond `valid` tokens read as zeros. The FP32 scale is
-// left out.
-__device__ __forceinline__ void LoadValues(const PageLayout& l, const uint8_t* page, int head,
-                                           int g, int c, int valid, uint32_t v[2][16]) {
-  const CodecLayout& cl = l.v;
+// V of tokens (2c, 2c+1) and (2c+8, 2c+9), dims 16g..16g+15, of a staged side, as token
+// pairs: v[j][t] holds dim 16g + t of token pair j (NVFP4 times 2^-7). The FP32 scale is left
+// out.
+template <uint32_t kKind>
+__device__ __forceinline__ void LoadValues(const uint8_t* side, int g, int c, uint32_t v[2][16]) {
+  constexpr uint32_t kRow = kRowBytes<kKind>;
+  const uint8_t* micro = side + 16 * kRow;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int t0 = 2 * c + 8 * j;
-    const uint8_t* ra = page + l.PayloadOffset(cl, head, t0);
-    const uint8_t* rb = page + l.PayloadOffset(cl, head, t0 + 1);
-    const uint32_t keep_a = t0 < valid ? 0xFFFFFFFFu : 0u;
-    const uint32_t keep_b = t0 + 1 < valid ? 0xFFFFFFFFu : 0u;
-    if (cl.type == ElementType::kFp16) {
+    const uint8_t* ra = side + t0 * kRow;
+    const uint8_t* rb = ra + kRow;
+    if constexpr (kKind == kFp16Side) {
       const uint4 a0 = Load16(ra + 32 * g), a1 = Load16(ra + 32 * g + 16);
       const uint4 b0 = Load16(rb + 32 * g), b1 = Load16(rb + 32 * g + 16);
       const uint32_t a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
       const uint32_t b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
       for (int w = 0; w < 8; ++w) {
-        const uint32_t x = a[w] & keep_a, y = b[w] & keep_b;
-        v[j][2 * w] = Prmt(x, y, 0x5410);
-        v[j][2 * w + 1] = Prmt(x, y, 0x7632);
+        v[j][2 * w] = Prmt(a[w], b[w], 0x5410);
+        v[j][2 * w + 1] = Prmt(a[w], b[w], 0x7632);
       }
-    } else if (cl.type == ElementType::kNvfp4) {
-      const uint2 a = *reinterpret_cast<const uint2*>(ra + 8 * g);
-      const uint2 b = *reinterpret_cast<const uint2*>(rb + 8 * g);
-      const uint32_t wa[2] = {a.x & keep_a, a.y & keep_a};
-      const uint32_t wb[2] = {b.x & keep_b, b.y & keep_b};
-      uint32_t scale[16];  // per dim t: the micro-scales of the two tokens
-      if (cl.axis == MicroAxis::kHeadDim) {
-        const uint32_t ma = page[l.MicroOffset(cl, head, t0, 16 * g)] & keep_a;
-        const uint32_t mb = page[l.MicroOffset(cl, head, t0 + 1, 16 * g)] & keep_b;
-        const uint32_t pair = Fp8x2ToHalf2(ma | (mb << 8), false);
-#pragma unroll
-        for (int t = 0; t < 16; ++t) scale[t] = pair;
-      } else {
-        const uint4 m = Load16(page + l.MicroOffset(cl, head, 0, 16 * g));
-        const uint32_t mw[4] = {m.x, m.y, m.z, m.w};
-#pragma unroll
-        for (int t = 0; t < 16; t += 2) {
-          const uint32_t pair = Fp8x2ToHalf2((mw[t / 4] >> (8 * (t % 4))) & 0xFFFFu, false);
-          scale[t] = Prmt(pair, pair, 0x1010);
-          scale[t + 1] = Prmt(pair, pair, 0x3232);
-        }
-      }
-#pragma unroll
-      for (int w = 0; w < 2; ++w) {
-        const uint32_t ha[4] = {E2M1PairScaled<0>(wa[w]), E2M1PairScaled<1>(wa[w]),
-                                E2M1PairScaled<2>(wa[w]), E2M1PairScaled<3>(wa[w])};
-        const uint32_t hb[4] = {E2M1PairScaled<0>(wb[w]), E2M1PairScaled<1>(wb[w]),
-                                E2M1PairScaled<2>(wb[w]), E2M1PairScaled<3>(wb[w])};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {  // dims 8w + q and 8w + q + 4
-          const int d0 = 8 * w + q, d1 = d0 + 4;
-          v[j][d0] = Hmul2(Hmul2(Prmt(ha[q], hb[q], 0x5410), kHalf2Pow14), scale[d0]);
-          v[j][d1] = Hmul2(Hmul2(Prmt(ha[q], hb[q], 0x7632), kHalf2Pow14), scale[d1]);
-        }
-      }
-    } else {  // FP8
-      const bool e5m2 = cl.type == ElementType::kFp8E5M2;
+    } else if constexpr (kKind == kE4M3Side || kKind == kE5M2Side) {
       const uint4 a = Load16(ra + 16 * g), b = Load16(rb + 16 * g);
-      const uint32_t wa[4] = {a.x & keep_a, a.y & keep_a, a.z & keep_a, a.w & keep_a};
-      const uint32_t wb[4] = {b.x & keep_b, b.y & keep_b, b.z & keep_b, b.w & keep_b};
+      const uint32_t wa[4] = {a.x, a.y, a.z, a.w};
+      const uint32_t wb[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const uint32_t lo = Prmt(wa[w], wb[w], 0x5140);  // dims 4w, 4w + 1
         const uint32_t hi = Prmt(wa[w], wb[w], 0x7362);  // dims 4w + 2, 4w + 3
-        v[j][4 * w + 0] = Fp8x2ToHalf2(lo & 0xFFFFu, e5m2);
-        v[j][4 * w + 1] = Fp8x2ToHalf2(lo >> 16, e5m2);
-        v[j][4 * w + 2] = Fp8x2ToHalf2(hi & 0xFFFFu, e5m2);
-        v[j][4 * w + 3] = Fp8x2ToHalf2(hi >> 16, e5m2);
+        v[j][4 * w + 0] = Fp8x2ToHalf2(lo & 0xFFFFu, kKind == kE5M2Side);
+        v[j][4 * w + 1] = Fp8x2ToHalf2(lo >> 16, kKind == kE5M2Side);
+        v[j][4 * w + 2] = Fp8x2ToHalf2(hi & 0xFFFFu, kKind == kE5M2Side);
+        v[j][4 * w + 3] = Fp8x2ToHalf2(hi >> 16, kKind == kE5M2Side);
+      }
+    } else {
+      const uint2 a = *reinterpret_cast<const uint2*>(ra + 8 * g);
+      const uint2 b = *reinterpret_cast<const uint2*>(rb + 8 * g);
+      uint32_t scale[16];  // per dim t: the micro-scales of the two tokens
+      if constexpr (kKind == kNvfp4DimSide) {
+        const uint32_t pair = MicroPair(micro[8 * t0 + g] | (static_cast<uint32_t>(micro[8 * t0 + 8 + g]) << 8));
+#pragma unroll
+        for (int t = 0; t < 16; ++t) scale[t] = pair;
+      } else {
+        const uint4 m = Load16(micro + 16 * g);
+        const uint32_t mw[4] = {m.x, m.y, m.z, m.w};
+#pragma unroll
+        for (int t = 0; t < 16; t += 2) {
+          const uint32_t pair = MicroPair((mw[t / 4] >> (8 * (t % 4))) & 0xFFFFu);
+          scale[t] = Prmt(pair, pair, 0x1010);
+          scale[t + 1] = Prmt(pair, pair, 0x3232);
+        }
+      }
+      // Bytes of token a then token b, so that nibbles p and p + 4 are dim p of each token.
+      const uint32_t x[4] = {Prmt(a.x, b.x, 0x5410), Prmt(a.x, b.x, 0x7632),
+                             Prmt(a.y, b.y, 0x5410), Prmt(a.y, b.y, 0x7632)};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // dims 4i .. 4i + 3
+        v[j][4 * i + 0] = Hmul2(E2M1PairScaled<0>(x[i]), scale[4 * i + 0]);
+        v[j][4 * i + 1] = Hmul2(E2M1PairScaled<1>(x[i]), scale[4 * i + 1]);
+        v[j][4 * i + 2] = Hmul2(E2M1PairScaled<2>(x[i]), scale[4 * i + 2]);
+        v[j][4 * i + 3] = Hmul2(E2M1PairScaled<3>(x[i]), scale[4 * i + 3]);
       }
     }
   }
 }
 
-__device__ __forceinline__ float QuadMax(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 2));
+__device__ __forceinline__ float SumOverG(float x) {  // over lanes with equal lane % 4
+#pragma unroll
+  for (int d = 4; d < 32; d *= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, d);
+  return x;
 }
 
-__device__ __forceinline__ float QuadSum(float x) {
-  x += __shfl_xor_sync(0xFFFFFFFFu, x, 1);
-  return x + __shfl_xor_sync(0xFFFFFFFFu, x, 2);
+__device__ __forceinline__ float MaxOverG(float x) {
+#pragma unroll
+  for (int d = 4; d < 32; d *= 2) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, d));
+  return x;
+}
+
+// The 8x8 FP16 matrix held as one pair per lane (row lane / 4, columns 2 (lane % 4) + {0, 1}),
+// transposed in the same layout.
+__device__ __forceinline__ uint32_t Transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // ---- Staging pages in shared memory ----
 // Each warp streams its pages through a ring of kStages buffers with cp.async, so that the
-// loads of the next pages are in flight while it computes on this one. A buffer holds one
-// page's data for one KV head, laid out as a one-head page (PagedDecodeParams::StagePlan):
-// the decode functions read it exactly as they would read the page, with head 0.
+// loads of the next pages are in flight while it computes on this one.
 constexpr int kStages = 3;
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
@@ -262,24 +274,63 @@ __device__ __forceinline__ void WaitCopies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Starts copying the data of `head` in the page `entry` names into `dst` as the format's
-// StagePlan says: K and V rows and micro-scales, then the 16 K and 16 V scales (lanes 0-15 and
-// 16-31; a per-block scale lands in slot 0, a per-tensor one is written there).
+__device__ __forceinline__ void Copy16(uint8_t* dst, const uint8_t* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SharedAddress(dst)), "l"(src));
+}
+
+// The warp copies kBytes (a multiple of 16) from src to dst.
+template <uint32_t kBytes>
+__device__ __forceinline__ void CopyRun(uint8_t* dst, const uint8_t* src, int lane) {
+#pragma unroll
+  for (uint32_t i = 0; i < (kBytes + 511) / 512; ++i) {
+    const uint32_t at = 512 * i + 16 * lane;
+    if (kBytes % 512 == 0 || at < kBytes) Copy16(dst + at, src + at);
+  }
+}
+
+// Starts copying one side (rows, then NVFP4 micro-scales) of `head` into a staged page.
+template <uint32_t kKind>
+__device__ __forceinline__ void StageSide(uint8_t* dst, const uint8_t* page, uint32_t rows_src,
+                                          uint32_t micro_src, int head, int lane) {
+  CopyRun<16 * kRowBytes<kKind>>(dst, page + rows_src + head * (16 * kRowBytes<kKind>), lane);
+  if constexpr (kMicroBytes<kKind> > 0) {
+    if (lane < 8) Copy16(dst + 16 * kRowBytes<kKind> + 16 * lane, page + micro_src + head * 128 + 16 * lane);
+  }
+}
+
+template <uint32_t kKind>
+using Side = std::integral_constant<uint32_t, kKind>;
+
+// Calls f(Side<kind>()) for the side kind `kind` (warp-uniform), so that f is compiled once
+// per kind with its layout known.
+template <typename F>
+__device__ __forceinline__ void DispatchSide(uint32_t kind, F&& f) {
+  switch (kind) {
+    case kFp16Side: f(Side<kFp16Side>()); break;
+    case kE4M3Side: f(Side<kE4M3Side>()); break;
+    case kE5M2Side: f(Side<kE5M2Side>()); break;
+    case kNvfp4DimSide: f(Side<kNvfp4DimSide>()); break;
+    default: f(Side<kNvfp4TokenSide>()); break;
+  }
+}
+
+// Starts copying the data of `head` in the page `entry` names into `dst` as the format's plan
+// says, then the 16 K and 16 V scales (lanes 0-15 and 16-31; a per-block scale lands in slot
+// 0, a per-tensor one is written there).
 __device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t entry, int head,
                                           uint8_t* dst, int lane) {
   const uint32_t format = entry >> kPackedFormatShift;
-  const PagedDecodeParams::StagePlan& plan = p.plans[format];
+  const PagedDecodeParams::FormatPlan& plan = p.plans[format];
   const uint8_t* page = p.pools[format].base +
                         static_cast<uint64_t>(entry & kPackedPageMask) * p.pools[format].layout.page_bytes;
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const uint8_t* src = page + plan.src[s] + head * plan.head_stride[s];
-    for (uint32_t chunk = lane; chunk < plan.chunks[s]; chunk += 32) {
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                       SharedAddress(dst + plan.dst[s] + 16 * chunk)),
-                   "l"(src + 16 * chunk));
-    }
-  }
+  const uint32_t kinds = plan.kinds;
+  DispatchSide(kinds & 7, [&](auto kind) {
+    StageSide<decltype(kind)::value>(dst, page, plan.src[0], plan.src[2], head, lane);
+  });
+  uint8_t* v_dst = dst + plan.v_at;
+  DispatchSide((kinds >> 3) & 7, [&](auto kind) {
+    StageSide<decltype(kind)::value>(v_dst, page, plan.src[1], plan.src[3], head, lane);
+  });
   const int side = lane / 16, slot = lane % 16;
   const uint32_t count = plan.scale_count[side];
   float* scales = reinterpret_cast<float*>(dst + p.scales_at) + 16 * side;
@@ -291,11 +342,31 @@ __device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t e
   }
 }
 
-// kRows: 8 when the GQA group fits the mma's first 8 rows (the second 8 are then skipped).
-template <int kRows>
-__global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
+// Zeroes the V rows (and per-token micro-scales) of tokens valid..15 of a staged page, so that
+// whatever the cache holds past a sequence's end cannot reach the output. Rare: the last page.
+__device__ __noinline__ void ClearValuesPast(uint8_t* v_side, uint32_t kind, int valid, int lane) {
+  const uint32_t row = kind == kFp16Side ? 256 : kind <= kE5M2Side ? 128 : 64;
+  for (uint32_t at = valid * row + 4 * lane; at < 16 * row; at += 128) {
+    *reinterpret_cast<uint32_t*>(v_side + at) = 0;
+  }
+  // Micro-scales along head_dim: 8 per token, so lane l clears those of token l / 2.
+  if (kind == kNvfp4DimSide && lane >= 2 * valid) {
+    *reinterpret_cast<uint32_t*>(v_side + 16 * row + 4 * lane) = 0;
+  }
+}
+
+// kTiles: query-head tiles of 8 (1 when the GQA group fits in 8 heads, else 2).
+template <int kTiles>
+__global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
+    PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
   constexpr int kD = kDecodeHeadDim;
-  constexpr int kHalves = kRows / 8;  // accumulator rows per lane: head g, and g + 8
+  constexpr int kRows = 8 * kTiles;
+  // The running maximum may lag the true one by up to 2^kLazy (logits are in log2 units), so
+  // that most pages skip rescaling the accumulators; probabilities stay below 2^kLazy in FP16.
+  constexpr float kLazy = 8.f;
+  // The accumulator unit (a V scale) is replaced when a page's V scale exceeds it or falls
+  // below it by more than this factor (FP16 probabilities keep their precision in between).
+  constexpr float kUnitFloor = 1.f / 1024.f;
   extern __shared__ __align__(16) uint8_t smem[];
 
   const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
@@ -308,46 +379,56 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_const
   const int page_begin = split * p.pages_per_split;
   const int page_end = min(pages, page_begin + p.pages_per_split);
 
-  // Q fragments in the canonical K order: step j pairs with K pairs 2j and 2j + 1, which hold
-  // dims 32c + 8m + q (+4), m = j / 2, q = 2 (j % 2) (+1).
-  uint32_t qa[8][4];
+  // Q^T fragments (the B operand of S^T = K Q^T) in the canonical K order: k-step j pairs with
+  // K pairs 2j and 2j + 1, which hold dims 32c + 8m + q (+4), m = j / 2, q = 2 (j % 2) (+1).
+  uint32_t qb[kTiles][8][2];
   {
     const float* q0 = p.q + (static_cast<int64_t>(b) * p.num_q_heads + kv_head * group) * kD;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int d = 32 * c + 8 * (j / 2) + 2 * (j % 2);
+    for (int t = 0; t < kTiles; ++t) {
+      const int row = g + 8 * t;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = g + 8 * half;
-        uint32_t lo = 0, hi = 0;
-        if (row < group && half < kHalves) {
-          const float* qr = q0 + row * kD;
-          lo = PackHalf2(qr[d], qr[d + 4]);
-          hi = PackHalf2(qr[d + 1], qr[d + 5]);
-        }
-        qa[j][half] = lo;      // a0a1 (row g) / a2a3 (row g + 8): k = 2c, 2c+1
-        qa[j][2 + half] = hi;  // a4a5 / a6a7: k = 2c + 8, 2c + 9
+      for (int j = 0; j < 8; ++j) {
+        const int d = 32 * c + 8 * (j / 2) + 2 * (j % 2);
+        const float* qr = q0 + row * kD;
+        qb[t][j][0] = row < group ? PackHalf2(qr[d], qr[d + 4]) : 0u;
+        qb[t][j][1] = row < group ? PackHalf2(qr[d + 1], qr[d + 5]) : 0u;
       }
     }
   }
 
   const float logit_scale = p.softmax_scale * kLog2e;  // logits in log2 units
-  float m_run[2] = {-INFINITY, -INFINITY};
-  float l_run[2] = {0.f, 0.f};  // this lane's share of the row sums
-  float unit = 1.f;             // the output accumulator is in units of this V scale
-  float o[16][4];
+  // Lane (g, c) keeps heads 8t + 2c and 8t + 2c + 1 (index 2t + h) and, of the output, dims
+  // 16g + 2i and 16g + 2i + 1 of tile i: o[t][i] = {(2i, head 2c), (2i, 2c+1), (2i+1, 2c),
+  // (2i+1, 2c+1)}.
+  float m_run[2 * kTiles], l_run[2 * kTiles];  // l: this lane's tokens only
 #pragma unroll
-  for (int t = 0; t < 16; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  for (int h = 0; h < 2 * kTiles; ++h) m_run[h] = -INFINITY, l_run[h] = 0.f;
+  float unit = 1.f, inv_unit = 1.f;  // the output accumulator is in units of this V scale
+  float o[kTiles][8][4];
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[t][i][0] = o[t][i][1] = o[t][i][2] = o[t][i][3] = 0.f;
+  }
 
   // This warp's pages: first, first + kWarps, ... below page_end, through its staging ring.
+  // Their table entries are read 32 at a time (lane l holds entry 32 n + l), a batch ahead.
   uint8_t* ring = smem + warp * kStages * p.stage_bytes;
   uint32_t* ring_entry =
       reinterpret_cast<uint32_t*>(smem + kWarps * kStages * p.stage_bytes) + warp * kStages;
   const int first = page_begin + warp;
   const int count = first < page_end ? (page_end - first + kWarps - 1) / kWarps : 0;
+  const uint32_t* entries = p.packed + first_entry + first;
+  const auto load_batch = [&](int n) {
+    const int i = 32 * n + lane;
+    return i < count ? entries[i * kWarps] : 0u;
+  };
+  uint32_t batch = load_batch(0), next_batch = load_batch(1);
   const auto stage = [&](int i) {
     if (i < count) {
-      const uint32_t entry = p.packed[first_entry + first + i * kWarps];
+      if (i % 32 == 0 && i > 0) batch = next_batch, next_batch = load_batch(i / 32 + 1);
+      const uint32_t entry = __shfl_sync(0xFFFFFFFFu, batch, i % 32);
       if (lane == 0) ring_entry[i % kStages] = entry;
       StagePage(p, entry, kv_head, ring + (i % kStages) * p.stage_bytes, lane);
     }
@@ -361,77 +442,100 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_const
     WaitCopies<kStages - 1>();  // page i has landed (this lane's copies)
     __syncwarp();               // ... and every lane's
     const uint32_t entry = ring_entry[i % kStages];
-    const PagedDecodeParams::StagePlan& plan = p.plans[entry >> kPackedFormatShift];
-    const PageLayout& l = plan.layout;
-    const uint8_t* page = ring + (i % kStages) * p.stage_bytes;
-    const int page_index = first + i * kWarps;
-    const int valid = min(kDecodeBlockTokens, seq_len - page_index * kDecodeBlockTokens);
+    const PagedDecodeParams::FormatPlan& plan = p.plans[entry >> kPackedFormatShift];
+    const uint32_t kinds = plan.kinds;
+    uint8_t* page = ring + (i % kStages) * p.stage_bytes;
+    uint8_t* v_side = page + plan.v_at;
+    const int valid = min(kDecodeBlockTokens, seq_len - (first + i * kWarps) * kDecodeBlockTokens);
+    if (valid < kDecodeBlockTokens) {
+      ClearValuesPast(v_side, (kinds >> 3) & 7, valid, lane);
+      __syncwarp();
+    }
 
-    // Logits of tokens 2c, 2c+1 (tile 0) and 2c+8, 2c+9 (tile 1), for heads g and g + 8.
-    float s[2][4];
+    // S^T = K Q^T: logits of tokens g (s[t][0..1]) and g + 8 (s[t][2..3]) for heads 8t + 2c, +1.
+    float s[kTiles][4];
     {
       uint32_t k[2][16];
-      LoadKeys(l, page, 0, g, c, k);
+      DispatchSide(kinds & 7, [&](auto kind) { LoadKeys<decltype(kind)::value>(page, g, c, k); });
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      for (int t = 0; t < kTiles; ++t) {
+        s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) Mma(s[n], qa[j], k[n][2 * j], k[n][2 * j + 1]);
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t a[4] = {k[0][2 * j], k[1][2 * j], k[0][2 * j + 1], k[1][2 * j + 1]};
+          Mma(s[t], a, qb[t][j][0], qb[t][j][1]);
+        }
       }
     }
-    float vscale[4];  // tokens 2c, 2c+1, 2c+8, 2c+9
-    const float* staged_scales = reinterpret_cast<const float*>(page + p.scales_at);
-    const int k_stride = plan.scale_count[0] == 16, v_stride = plan.scale_count[1] == 16;
+    const float* scales = reinterpret_cast<const float*>(page + p.scales_at);
+    const int k_step = (kinds >> 6) & 1, v_step = (kinds >> 7) & 1;
+    float vs[2];  // V scales of tokens g and g + 8 (0 past the end)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int token = 2 * c + (i & 1) + 8 * (i >> 1);
-      const float ks = staged_scales[token * k_stride];
+    for (int n = 0; n < 2; ++n) {
+      const int token = g + 8 * n;
       const bool ok = token < valid;
-      vscale[i] = ok ? staged_scales[16 + token * v_stride] : 0.f;
+      const float ks = scales[token * k_step] * (plan.mul[0] * logit_scale);
+      vs[n] = ok ? scales[16 + token * v_step] * plan.mul[1] : 0.f;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float& x = s[i >> 1][2 * half + (i & 1)];
-        x = ok ? x * (ks * logit_scale) : -INFINITY;
+      for (int t = 0; t < kTiles; ++t) {
+        s[t][2 * n] = ok ? s[t][2 * n] * ks : -INFINITY;
+        s[t][2 * n + 1] = ok ? s[t][2 * n + 1] * ks : -INFINITY;
       }
     }
-    // The page's largest V scale becomes the accumulator's unit. It must be the same in the
-    // four lanes of a quad: their probabilities meet in the same output accumulators.
-    float page_unit = QuadMax(fmaxf(fmaxf(vscale[0], vscale[1]), fmaxf(vscale[2], vscale[3])));
-    if (!(page_unit > 1e-30f) || !isfinite(page_unit)) page_unit = 1.f;
-    const float inv_page_unit = 1.f / page_unit;
-    const float unit_ratio = unit * inv_page_unit;
-    unit = page_unit;
-
-    uint32_t pa[4];
+    // Rescale only when a head's maximum grew by more than 2^kLazy or the V scale left the
+    // accumulator's range; the decision is the whole warp's.
+    const float page_unit = v_step ? MaxOverG(fmaxf(vs[0], vs[1])) : scales[16] * plan.mul[1];
+    const bool unit_ok = page_unit > 1e-30f && page_unit < INFINITY;
+    bool rescale = unit_ok && (page_unit > unit || page_unit < unit * kUnitFloor);
+    float m_page[2 * kTiles];
 #pragma unroll
-    for (int half = 0; half < kHalves; ++half) {
-      float mx = fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]),
-                       fmaxf(s[1][2 * half], s[1][2 * half + 1]));
-      mx = QuadMax(mx);
-      const float m_new = fmaxf(m_run[half], mx);
-      const float base = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2f(m_run[half] - base);
-      m_run[half] = m_new;
-      float e[4];
+    for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) e[i] = exp2f(s[i >> 1][2 * half + (i & 1)] - base);
-      l_run[half] = l_run[half] * alpha + ((e[0] + e[1]) + (e[2] + e[3]));
-      const float rescale = alpha * unit_ratio;
-#pragma unroll
-      for (int t = 0; t < 16; ++t) {
-        o[t][2 * half] *= rescale;
-        o[t][2 * half + 1] *= rescale;
+      for (int h = 0; h < 2; ++h) {
+        m_page[2 * t + h] = MaxOverG(fmaxf(s[t][h], s[t][2 + h]));
+        rescale |= m_page[2 * t + h] > m_run[2 * t + h] + kLazy;
       }
-      const float r = inv_page_unit;
-      pa[half] = PackHalf2(e[0] * (vscale[0] * r), e[1] * (vscale[1] * r));
-      pa[2 + half] = PackHalf2(e[2] * (vscale[2] * r), e[3] * (vscale[3] * r));
     }
-    if (kHalves == 1) pa[1] = pa[3] = 0u;
-
-    uint32_t v[2][16];
-    LoadValues(l, page, 0, g, c, valid, v);
+    if (__any_sync(0xFFFFFFFFu, rescale)) {
+      const float new_unit = unit_ok ? page_unit : unit;
+      const float unit_ratio = unit / new_unit;
+      unit = new_unit;
+      inv_unit = 1.f / new_unit;
 #pragma unroll
-    for (int t = 0; t < 16; ++t) Mma(o[t], pa, v[0][t], v[1][t]);
+      for (int h = 0; h < 2 * kTiles; ++h) {
+        const float m_new = fmaxf(m_run[h], m_page[h]);
+        const float alpha = m_new == -INFINITY ? 0.f : exp2f(m_run[h] - m_new);
+        m_run[h] = m_new;
+        l_run[h] *= alpha;
+        const float r = alpha * unit_ratio;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[h / 2][i][h % 2] *= r, o[h / 2][i][2 + h % 2] *= r;
+      }
+    }
+    // P^T (the B operand of O^T = V^T P^T): probabilities times V scale / unit, in FP16.
+    uint32_t pb[kTiles][2];
+    const float r0 = vs[0] * inv_unit, r1 = vs[1] * inv_unit;
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const float base0 = m_run[2 * t] == -INFINITY ? 0.f : m_run[2 * t];
+      const float base1 = m_run[2 * t + 1] == -INFINITY ? 0.f : m_run[2 * t + 1];
+      const float e0 = exp2f(s[t][0] - base0), e1 = exp2f(s[t][1] - base1);
+      const float e2 = exp2f(s[t][2] - base0), e3 = exp2f(s[t][3] - base1);
+      l_run[2 * t] += e0 + e2;
+      l_run[2 * t + 1] += e1 + e3;
+      pb[t][0] = Transpose8x8(PackHalf2(e0 * r0, e1 * r0));
+      pb[t][1] = Transpose8x8(PackHalf2(e2 * r1, e3 * r1));
+    }
+    {
+      uint32_t v[2][16];
+      DispatchSide((kinds >> 3) & 7, [&](auto kind) { LoadValues<decltype(kind)::value>(v_side, g, c, v); });
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t a[4] = {v[0][2 * i], v[0][2 * i + 1], v[1][2 * i], v[1][2 * i + 1]};
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) Mma(o[t][i], a, pb[t][0], pb[t][1]);
+      }
+    }
     __syncwarp();  // the buffer is refilled by the next iteration's stage()
   }
   WaitCopies<0>();
@@ -441,19 +545,19 @@ __global__ void __launch_bounds__(kThreads) PagedDecodeKernel(const __grid_const
   float(*s_m)[kRows] = reinterpret_cast<float(*)[kRows]>(smem + sizeof(float) * kWarps * kRows * kD);
   float(*s_l)[kRows] = s_m + kWarps;
 
-  // This warp's state to shared memory: lane (g, c) holds dims 32c + t and 32c + 16 + t.
+  // This warp's state to shared memory.
 #pragma unroll
-  for (int half = 0; half < kHalves; ++half) {
-    const float l_sum = QuadSum(l_run[half]);
-    const int row = g + 8 * half;
-    if (c == 0) {
-      s_m[warp][row] = m_run[half];
+  for (int h = 0; h < 2 * kTiles; ++h) {
+    const int row = 8 * (h / 2) + 2 * c + h % 2;
+    const float l_sum = SumOverG(l_run[h]);
+    if (g == 0) {
+      s_m[warp][row] = m_run[h];
       s_l[warp][row] = l_sum;
     }
 #pragma unroll
-    for (int t = 0; t < 16; ++t) {
-      s_out[warp][row][32 * c + t] = o[t][2 * half] * unit;
-      s_out[warp][row][32 * c + 16 + t] = o[t][2 * half + 1] * unit;
+    for (int i = 0; i < 8; ++i) {
+      s_out[warp][row][16 * g + 2 * i] = o[h / 2][i][h % 2] * unit;
+      s_out[warp][row][16 * g + 2 * i + 1] = o[h / 2][i][2 + h % 2] * unit;
     }
   }
   __syncthreads();
@@ -549,33 +653,34 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   k.stage_bytes = 0;
   for (int f = 0; f < p.num_formats; ++f) {
     const PageLayout& l = p.pools[f].layout;
-    FormatSpec spec;
-    spec.k = {l.k.type, l.k.scope, l.k.axis};
-    spec.v = {l.v.type, l.v.scope, l.v.axis};
-    PagedDecodeParams::StagePlan& plan = k.plans[f];
-    plan.layout = MakePageLayout(1, l.tokens, l.head_dim, spec);
-    const CodecLayout* full[2] = {&l.k, &l.v};
-    const CodecLayout* one[2] = {&plan.layout.k, &plan.layout.v};
+    PagedDecodeParams::FormatPlan& plan = k.plans[f];
+    const CodecLayout* sides[2] = {&l.k, &l.v};
     const float tensor[2] = {p.pools[f].k_tensor_scale, p.pools[f].v_tensor_scale};
+    uint32_t side_bytes[2];
+    plan.kinds = 0;
     for (int side = 0; side < 2; ++side) {
-      const CodecLayout& c = *full[side];
-      const uint32_t row_run = static_cast<uint32_t>(l.tokens) * c.row_bytes;
-      plan.src[side] = l.PayloadOffset(c, 0, 0);
-      plan.head_stride[side] = row_run;
-      plan.dst[side] = one[side]->payload_offset;
-      plan.chunks[side] = row_run / 16;
-      const uint32_t micro_run = static_cast<uint32_t>(l.tokens) * l.head_dim / kMicroBlock;
+      const CodecLayout& c = *sides[side];
       const bool nvfp4 = c.type == ElementType::kNvfp4;
-      plan.src[2 + side] = nvfp4 ? l.MicroOffset(c, 0, 0, 0) : 0;
-      plan.head_stride[2 + side] = micro_run;
-      plan.dst[2 + side] = one[side]->micro_offset;
-      plan.chunks[2 + side] = nvfp4 ? micro_run / 16 : 0;
-      const bool scaled = c.type != ElementType::kFp16 && c.type != ElementType::kBf16;
+      const uint32_t kind = c.type == ElementType::kFp16      ? kFp16Side
+                            : c.type == ElementType::kFp8E4M3 ? kE4M3Side
+                            : c.type == ElementType::kFp8E5M2 ? kE5M2Side
+                            : c.axis == MicroAxis::kHeadDim   ? kNvfp4DimSide
+                                                              : kNvfp4TokenSide;
+      if (c.type == ElementType::kBf16 || l.tokens != kDecodeBlockTokens || l.head_dim != kDecodeHeadDim) {
+        return cudaErrorInvalidValue;
+      }
+      side_bytes[side] = l.tokens * c.row_bytes + (nvfp4 ? l.tokens * l.head_dim / kMicroBlock : 0);
+      plan.src[side] = c.payload_offset;
+      plan.src[2 + side] = nvfp4 ? c.micro_offset : 0;
+      const bool scaled = c.type != ElementType::kFp16;
       plan.scale_count[side] = !scaled ? 0 : PageScalesPerHead(CodecSpec{c.type, c.scope, c.axis}, l.tokens);
       plan.scale_src[side] = plan.scale_count[side] > 0 ? l.ScaleOffset(c, 0, 0) : 0;
       plan.fill[side] = scaled ? tensor[side] : 1.f;
+      plan.mul[side] = nvfp4 ? 128.f : 1.f;
+      plan.kinds |= kind << (3 * side) | (plan.scale_count[side] == 16 ? 1u : 0u) << (6 + side);
     }
-    k.stage_bytes = std::max<int32_t>(k.stage_bytes, (plan.layout.data_bytes + 15) / 16 * 16);
+    plan.v_at = side_bytes[0];
+    k.stage_bytes = std::max<int32_t>(k.stage_bytes, (side_bytes[0] + side_bytes[1] + 15) / 16 * 16);
   }
   k.scales_at = k.stage_bytes;
   k.stage_bytes += 32 * sizeof(float);
@@ -585,13 +690,13 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   const size_t merge = kWarps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
   const int smem = static_cast<int>(std::max(ring, merge));
   const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
-  const auto kernel = wide ? PagedDecodeKernel<16> : PagedDecodeKernel<8>;
+  const auto kernel = wide ? PagedDecodeKernel<2> : PagedDecodeKernel<1>;
   // The opt-in shared memory limit is raised once per kernel, to the most any launch asks for
   // (FP16 K and V, the largest staged page), not on every launch.
   static const cudaError_t raised = [] {
     constexpr int kMostSmem =
         kWarps * kStages * (2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4 + 4);
-    for (const auto f : {PagedDecodeKernel<8>, PagedDecodeKernel<16>}) {
+    for (const auto f : {PagedDecodeKernel<1>, PagedDecodeKernel<2>}) {
       const cudaError_t r =
           cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kMostSmem);
       if (r != cudaSuccess) return r;

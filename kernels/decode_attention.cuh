@@ -58,19 +58,19 @@ struct PagedDecodeParams {
   int32_t pages_per_split = 0;  // REQUIRES: num_splits * pages_per_split >= every page count
   // With num_splits > 1: device workspace of DecodeWorkspaceFloats() floats.
   float* workspace = nullptr;
-  // Set by LaunchPagedDecode: how each format's page is staged in shared memory (one head's
-  // data, laid out as a one-head page, then 16 K and 16 V scales), and the buffer size.
-  struct StagePlan {
-    PageLayout layout;  // the one-head layout of the staged data
-    // K rows, V rows, K micro-scales, V micro-scales: source offset for head 0, per-head source
-    // stride, destination offset, 16-byte chunks (0 when absent).
-    uint32_t src[4], head_stride[4], dst[4], chunks[4];
-    // FP32 scales per head and side: 16 (per token), 1 (per block, copied), or 0 (per tensor or
-    // none: `fill` is written instead). Source offset for head 0.
-    uint32_t scale_count[2], scale_src[2];
-    float fill[2];
+  // Set by LaunchPagedDecode: how each format's page is staged in shared memory and decoded.
+  // A staged page holds one KV head's data: [K rows][K micro-scales][V rows][V micro-scales],
+  // then 16 K and 16 V FP32 scales at `scales_at`.
+  struct FormatPlan {
+    uint32_t kinds = 0;  // K SideKind | V SideKind << 3 | K per token << 6 | V per token << 7
+    uint32_t v_at = 0;   // offset of V's rows in a staged page
+    uint32_t src[4]{};   // page offsets of head 0's K rows, V rows, K micro, V micro
+    uint32_t scale_src[2]{};    // page offset of head 0's first K / V FP32 scale
+    uint32_t scale_count[2]{};  // FP32 scales per head: 16 (per token), 1 (per block) or 0
+    float fill[2]{};  // the K / V scale when scale_count is 0 (per tensor, or 1 for FP16)
+    float mul[2]{};   // the kernel's decoding leaves K / V times 1 / mul (NVFP4: 2^-7)
   };
-  StagePlan plans[kDecodeMaxFormats]{};
+  FormatPlan plans[kDecodeMaxFormats]{};
   int32_t stage_bytes = 0;
   int32_t scales_at = 0;  // offset of the 32 staged scales in a buffer
 };

@@ -11,7 +11,9 @@
 //     FP8, NVFP4 and the balanced mix over batch {1, 8, 64, 256} x context {1K, 8K, 32K, 128K},
 //     8 KV / 32 query heads, head_dim 128, 16-token pages in shuffled order, reported as bytes
 //     read (K/V rows, micro-scales, scales) over time against the read roof.
-// Usage: kvtier_gpu_bench OUT.json [--decode-only]   (--decode-only skips migration and append)
+// Usage: kvtier_gpu_bench OUT.json [--decode-only | --only CASE BATCH CONTEXT]
+//   --decode-only skips migration and append; --only times one decode shape alone, without the
+//   roofs (for profilers), e.g. `--only fp8_e4m3_block_head 64 8192`.
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
@@ -19,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <numeric>
 #include <random>
@@ -465,8 +468,9 @@ void RunDataPlane(cudaStream_t stream, CudaBackend* backend, std::vector<Result>
 
 int Main(int argc, char** argv) {
   const bool decode_only = argc == 3 && std::string(argv[2]) == "--decode-only";
-  if (argc != 2 && !decode_only) {
-    std::fprintf(stderr, "usage: %s OUT.json [--decode-only]\n", argv[0]);
+  const bool only = argc == 6 && std::string(argv[2]) == "--only";
+  if (argc != 2 && !decode_only && !only) {
+    std::fprintf(stderr, "usage: %s OUT.json [--decode-only | --only CASE BATCH CONTEXT]\n", argv[0]);
     return 2;
   }
   absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create();
@@ -480,12 +484,10 @@ int Main(int argc, char** argv) {
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  std::vector<Result> roof_runs, migrations, appends;
-  const double roof = CopyRoof(stream, &roof_runs);
-  if (!decode_only) RunDataPlane(stream, backend->get(), &migrations, &appends);
-
-  std::vector<Result> read_runs, decodes;
-  const double read_roof = ReadRoof(stream, prop.multiProcessorCount, &read_runs);
+  std::vector<Result> roof_runs, migrations, appends, read_runs, decodes;
+  const double roof = only ? 0 : CopyRoof(stream, &roof_runs);
+  if (!decode_only && !only) RunDataPlane(stream, backend->get(), &migrations, &appends);
+  const double read_roof = only ? 0 : ReadRoof(stream, prop.multiProcessorCount, &read_runs);
   const std::vector<DecodeCase> cases = {
       {"fp16", {"fp16"}, [](int64_t, int64_t) { return 0; }},
       {"fp8_e4m3_block_head", {"fp8_e4m3/block_head"}, [](int64_t, int64_t) { return 0; }},
@@ -494,9 +496,21 @@ int Main(int argc, char** argv) {
        {"fp16", "fp8_e4m3/block_head", "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
        BalancedFormat},
   };
-  for (int batch : {1, 8, 64, 256}) {
-    for (int64_t context : {1024, 8192, 32768, 131072}) {
+  std::vector<int> batches = {1, 8, 64, 256};
+  std::vector<int64_t> contexts = {1024, 8192, 32768, 131072};
+  if (only) {
+    batches = {std::atoi(argv[4])};
+    contexts = {std::atoll(argv[5])};
+    if (batches[0] < 1 || contexts[0] < 1 ||
+        std::none_of(cases.begin(), cases.end(), [&](const DecodeCase& c) { return argv[3] == std::string(c.name); })) {
+      std::fprintf(stderr, "--only: unknown case %s or bad batch/context\n", argv[3]);
+      return 2;
+    }
+  }
+  for (int batch : batches) {
+    for (int64_t context : contexts) {
       for (const DecodeCase& dc : cases) {
+        if (only && argv[3] != std::string(dc.name)) continue;
         if (!Decode(stream, prop.multiProcessorCount, dc, batch, context, size_t{48} << 30,
                     &decodes)) {
           std::printf("skipped decode %s batch %d x %lld tokens: over 48 GiB of pages\n", dc.name,
