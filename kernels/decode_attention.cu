@@ -58,6 +58,19 @@ __device__ __forceinline__ uint32_t Fp8x2ToHalf2(uint32_t codes16, bool e5m2) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
+// The four FP8 codes of w as two FP16 pairs (bytes 0-1 in lo, 2-3 in hi): exact, and each
+// conversion reads its half of w in place.
+template <bool kE5M2>
+__device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  if constexpr (kE5M2) {
+    asm("{.reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e5m2x2 %0, a;\n"
+        " cvt.rn.f16x2.e5m2x2 %1, b;\n}" : "=r"(lo), "=r"(hi) : "r"(w));
+  } else {
+    asm("{.reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, b;\n}" : "=r"(lo), "=r"(hi) : "r"(w));
+  }
+}
+
 // The E2M1 codes at nibbles p and p + 4 of `w` as an FP16 pair scaled by 2^-14: the sign goes
 // to bit 15 and the three magnitude bits to bits 11..9 (exponent LSBs and mantissa MSB), which
 // is exactly the E2M1 value times 2^-14, subnormal codes included.
@@ -102,10 +115,8 @@ __device__ __forceinline__ void Fp8RowToCanonical(uint4 a, uint4 b, uint32_t h[1
   for (int m = 0; m < 4; ++m) {
     const uint32_t lo = Prmt(w[2 * m], w[2 * m + 1], 0x5140);  // dims q and q + 4, q = 0, 1
     const uint32_t hi = Prmt(w[2 * m], w[2 * m + 1], 0x7362);  // q = 2, 3
-    h[4 * m + 0] = Fp8x2ToHalf2(lo & 0xFFFFu, kE5M2);
-    h[4 * m + 1] = Fp8x2ToHalf2(lo >> 16, kE5M2);
-    h[4 * m + 2] = Fp8x2ToHalf2(hi & 0xFFFFu, kE5M2);
-    h[4 * m + 3] = Fp8x2ToHalf2(hi >> 16, kE5M2);
+    Fp8x4ToHalf2x2<kE5M2>(lo, h[4 * m + 0], h[4 * m + 1]);
+    Fp8x4ToHalf2x2<kE5M2>(hi, h[4 * m + 2], h[4 * m + 3]);
   }
 }
 
@@ -201,10 +212,8 @@ __device__ __forceinline__ void LoadValues(const uint8_t* side, int g, int c, ui
       for (int w = 0; w < 4; ++w) {
         const uint32_t lo = Prmt(wa[w], wb[w], 0x5140);  // dims 4w, 4w + 1
         const uint32_t hi = Prmt(wa[w], wb[w], 0x7362);  // dims 4w + 2, 4w + 3
-        v[j][4 * w + 0] = Fp8x2ToHalf2(lo & 0xFFFFu, kKind == kE5M2Side);
-        v[j][4 * w + 1] = Fp8x2ToHalf2(lo >> 16, kKind == kE5M2Side);
-        v[j][4 * w + 2] = Fp8x2ToHalf2(hi & 0xFFFFu, kKind == kE5M2Side);
-        v[j][4 * w + 3] = Fp8x2ToHalf2(hi >> 16, kKind == kE5M2Side);
+        Fp8x4ToHalf2x2<kKind == kE5M2Side>(lo, v[j][4 * w + 0], v[j][4 * w + 1]);
+        Fp8x4ToHalf2x2<kKind == kE5M2Side>(hi, v[j][4 * w + 2], v[j][4 * w + 3]);
       }
     } else {
       const uint2 a = *reinterpret_cast<const uint2*>(ra + 8 * g);
@@ -236,6 +245,29 @@ __device__ __forceinline__ void LoadValues(const uint8_t* side, int g, int c, ui
       }
     }
   }
+}
+
+template <uint32_t kKind>
+using Side = std::integral_constant<uint32_t, kKind>;
+
+// Calls f(Side<kind>()) for the side kind `kind` (warp-uniform), so that f is compiled once
+// per kind with its layout known.
+template <typename F>
+__device__ __forceinline__ void DispatchSide(uint32_t kind, F&& f) {
+  switch (kind) {
+    case kFp16Side: f(Side<kFp16Side>()); break;
+    case kE4M3Side: f(Side<kE4M3Side>()); break;
+    case kE5M2Side: f(Side<kE5M2Side>()); break;
+    case kNvfp4DimSide: f(Side<kNvfp4DimSide>()); break;
+    default: f(Side<kNvfp4TokenSide>()); break;
+  }
+}
+
+// 2^x by the hardware approximation (2 ulp; 0 for -inf).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ float SumOverG(float x) {  // over lanes with equal lane % 4
@@ -274,71 +306,58 @@ __device__ __forceinline__ void WaitCopies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-__device__ __forceinline__ void Copy16(uint8_t* dst, const uint8_t* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SharedAddress(dst)), "l"(src));
+// Starts copying 16 bytes from global src to the shared-memory address dst.
+__device__ __forceinline__ void Copy16(uint32_t dst, const uint8_t* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
-// The warp copies kBytes (a multiple of 16) from src to dst.
-template <uint32_t kBytes>
-__device__ __forceinline__ void CopyRun(uint8_t* dst, const uint8_t* src, int lane) {
+// Starts copying one side of a page's head into a staged page at shared address dst: the warp
+// copies kRows bytes of token rows from `rows`, then, for NVFP4 (kMicro), the 128 bytes of
+// micro-scales from `micro`. Lane l takes 16-byte chunks l, l + 32, ...
+template <uint32_t kRows, bool kMicro>
+__device__ __forceinline__ void StageSide(uint32_t dst, const uint8_t* rows, const uint8_t* micro,
+                                          int lane) {
+  const uint32_t to = dst + 16 * lane;
+  const uint8_t* from = rows + 16 * lane;
 #pragma unroll
-  for (uint32_t i = 0; i < (kBytes + 511) / 512; ++i) {
-    const uint32_t at = 512 * i + 16 * lane;
-    if (kBytes % 512 == 0 || at < kBytes) Copy16(dst + at, src + at);
+  for (uint32_t i = 0; i < kRows / 512; ++i) Copy16(to + 512 * i, from + 512 * i);
+  if (kMicro && lane < 8) Copy16(to + kRows, micro + 16 * lane);
+}
+
+// Stages one side (K: 0, V: 1) of `head` of `page` at shared address dst, by the side's kind.
+__device__ __forceinline__ void StageSideOf(const PagedDecodeParams::FormatPlan& plan, int side,
+                                            uint32_t dst, const uint8_t* page, int head, int lane) {
+  const uint32_t kind = (plan.kinds >> (3 * side)) & 7;
+  const uint8_t* rows = page + plan.src[side];
+  const uint8_t* micro = page + plan.src[2 + side] + head * 128;
+  if (kind == kFp16Side) {
+    StageSide<4096, false>(dst, rows + head * 4096, micro, lane);
+  } else if (kind <= kE5M2Side) {
+    StageSide<2048, false>(dst, rows + head * 2048, micro, lane);
+  } else {
+    StageSide<1024, true>(dst, rows + head * 1024, micro, lane);
   }
 }
 
-// Starts copying one side (rows, then NVFP4 micro-scales) of `head` into a staged page.
-template <uint32_t kKind>
-__device__ __forceinline__ void StageSide(uint8_t* dst, const uint8_t* page, uint32_t rows_src,
-                                          uint32_t micro_src, int head, int lane) {
-  CopyRun<16 * kRowBytes<kKind>>(dst, page + rows_src + head * (16 * kRowBytes<kKind>), lane);
-  if constexpr (kMicroBytes<kKind> > 0) {
-    if (lane < 8) Copy16(dst + 16 * kRowBytes<kKind> + 16 * lane, page + micro_src + head * 128 + 16 * lane);
-  }
-}
-
-template <uint32_t kKind>
-using Side = std::integral_constant<uint32_t, kKind>;
-
-// Calls f(Side<kind>()) for the side kind `kind` (warp-uniform), so that f is compiled once
-// per kind with its layout known.
-template <typename F>
-__device__ __forceinline__ void DispatchSide(uint32_t kind, F&& f) {
-  switch (kind) {
-    case kFp16Side: f(Side<kFp16Side>()); break;
-    case kE4M3Side: f(Side<kE4M3Side>()); break;
-    case kE5M2Side: f(Side<kE5M2Side>()); break;
-    case kNvfp4DimSide: f(Side<kNvfp4DimSide>()); break;
-    default: f(Side<kNvfp4TokenSide>()); break;
-  }
-}
-
-// Starts copying the data of `head` in the page `entry` names into `dst` as the format's plan
-// says, then the 16 K and 16 V scales (lanes 0-15 and 16-31; a per-block scale lands in slot
-// 0, a per-tensor one is written there).
+// Starts copying the data of `head` in the page `entry` names into the staged page at shared
+// address dst as the format's plan says, then the 16 K and 16 V scales (lanes 0-15 and 16-31;
+// a per-block scale lands in slot 0, a per-tensor one is written there).
 __device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t entry, int head,
-                                          uint8_t* dst, int lane) {
+                                          uint32_t dst, int lane) {
   const uint32_t format = entry >> kPackedFormatShift;
   const PagedDecodeParams::FormatPlan& plan = p.plans[format];
   const uint8_t* page = p.pools[format].base +
                         static_cast<uint64_t>(entry & kPackedPageMask) * p.pools[format].layout.page_bytes;
-  const uint32_t kinds = plan.kinds;
-  DispatchSide(kinds & 7, [&](auto kind) {
-    StageSide<decltype(kind)::value>(dst, page, plan.src[0], plan.src[2], head, lane);
-  });
-  uint8_t* v_dst = dst + plan.v_at;
-  DispatchSide((kinds >> 3) & 7, [&](auto kind) {
-    StageSide<decltype(kind)::value>(v_dst, page, plan.src[1], plan.src[3], head, lane);
-  });
+  StageSideOf(plan, 0, dst, page, head, lane);
+  StageSideOf(plan, 1, dst + plan.v_at, page, head, lane);
   const int side = lane / 16, slot = lane % 16;
   const uint32_t count = plan.scale_count[side];
-  float* scales = reinterpret_cast<float*>(dst + p.scales_at) + 16 * side;
+  const uint32_t scale = dst + p.scales_at + 4 * lane;
   if (static_cast<uint32_t>(slot) < count) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SharedAddress(scales + slot)),
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(scale),
                  "l"(page + plan.scale_src[side] + 4 * (head * count + slot)));
   } else if (count == 0 && slot == 0) {
-    scales[0] = plan.fill[side];
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scale), "f"(plan.fill[side]));
   }
 }
 
@@ -415,6 +434,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
   // This warp's pages: first, first + kWarps, ... below page_end, through its staging ring.
   // Their table entries are read 32 at a time (lane l holds entry 32 n + l), a batch ahead.
   uint8_t* ring = smem + warp * kStages * p.stage_bytes;
+  const uint32_t ring_shared = SharedAddress(ring);
   uint32_t* ring_entry =
       reinterpret_cast<uint32_t*>(smem + kWarps * kStages * p.stage_bytes) + warp * kStages;
   const int first = page_begin + warp;
@@ -430,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
       if (i % 32 == 0 && i > 0) batch = next_batch, next_batch = load_batch(i / 32 + 1);
       const uint32_t entry = __shfl_sync(0xFFFFFFFFu, batch, i % 32);
       if (lane == 0) ring_entry[i % kStages] = entry;
-      StagePage(p, entry, kv_head, ring + (i % kStages) * p.stage_bytes, lane);
+      StagePage(p, entry, kv_head, ring_shared + (i % kStages) * p.stage_bytes, lane);
     }
     CommitCopies();  // an empty group keeps the count of pending groups uniform
   };
@@ -452,24 +472,29 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
       __syncwarp();
     }
 
-    // S^T = K Q^T: logits of tokens g (s[t][0..1]) and g + 8 (s[t][2..3]) for heads 8t + 2c, +1.
+    // S^T = K Q^T: logits of tokens g (s[t][0..1]) and g + 8 (s[t][2..3]) for heads 8t + 2c, +1,
+    // as two chains of four k-steps.
     float s[kTiles][4];
     {
       uint32_t k[2][16];
       DispatchSide(kinds & 7, [&](auto kind) { LoadKeys<decltype(kind)::value>(page, g, c, k); });
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
+        float odd[4] = {0.f, 0.f, 0.f, 0.f};
         s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const uint32_t a[4] = {k[0][2 * j], k[1][2 * j], k[0][2 * j + 1], k[1][2 * j + 1]};
-          Mma(s[t], a, qb[t][j][0], qb[t][j][1]);
+          Mma(j % 2 ? odd : s[t], a, qb[t][j][0], qb[t][j][1]);
         }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[t][e] += odd[e];
       }
     }
     const float* scales = reinterpret_cast<const float*>(page + p.scales_at);
     const int k_step = (kinds >> 6) & 1, v_step = (kinds >> 7) & 1;
     float vs[2];  // V scales of tokens g and g + 8 (0 past the end)
+    bool rescale = false;
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       const int token = g + 8 * n;
@@ -478,33 +503,31 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
       vs[n] = ok ? scales[16 + token * v_step] * plan.mul[1] : 0.f;
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
-        s[t][2 * n] = ok ? s[t][2 * n] * ks : -INFINITY;
-        s[t][2 * n + 1] = ok ? s[t][2 * n + 1] * ks : -INFINITY;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float& x = s[t][2 * n + h];
+          x = ok ? x * ks : -INFINITY;
+          rescale |= x > m_run[2 * t + h] + kLazy;
+        }
       }
     }
-    // Rescale only when a head's maximum grew by more than 2^kLazy or the V scale left the
-    // accumulator's range; the decision is the whole warp's.
-    const float page_unit = v_step ? MaxOverG(fmaxf(vs[0], vs[1])) : scales[16] * plan.mul[1];
-    const bool unit_ok = page_unit > 1e-30f && page_unit < INFINITY;
-    bool rescale = unit_ok && (page_unit > unit || page_unit < unit * kUnitFloor);
-    float m_page[2 * kTiles];
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        m_page[2 * t + h] = MaxOverG(fmaxf(s[t][h], s[t][2 + h]));
-        rescale |= m_page[2 * t + h] > m_run[2 * t + h] + kLazy;
-      }
-    }
-    if (__any_sync(0xFFFFFFFFu, rescale)) {
-      const float new_unit = unit_ok ? page_unit : unit;
+    // Rescale only when a logit exceeds its head's running maximum by more than kLazy, or the V
+    // scales leave the accumulator unit's range (one above it, or all below its floor); the
+    // decision is the whole warp's, and the maxima are reduced only then.
+    const float lane_unit = fmaxf(vs[0], vs[1]);
+    rescale |= lane_unit > unit && lane_unit < INFINITY;
+    const bool below = !(lane_unit >= unit * kUnitFloor);
+    if (__any_sync(0xFFFFFFFFu, rescale) || __all_sync(0xFFFFFFFFu, below)) {
+      const float page_unit = MaxOverG(lane_unit);
+      const float new_unit = page_unit > 1e-30f && page_unit < INFINITY ? page_unit : unit;
       const float unit_ratio = unit / new_unit;
       unit = new_unit;
       inv_unit = 1.f / new_unit;
 #pragma unroll
       for (int h = 0; h < 2 * kTiles; ++h) {
-        const float m_new = fmaxf(m_run[h], m_page[h]);
-        const float alpha = m_new == -INFINITY ? 0.f : exp2f(m_run[h] - m_new);
+        const float m_page = MaxOverG(fmaxf(s[h / 2][h % 2], s[h / 2][2 + h % 2]));
+        const float m_new = fmaxf(m_run[h], m_page);
+        const float alpha = Exp2(m_run[h] - m_new);  // 0 for the first page (m_run = -inf)
         m_run[h] = m_new;
         l_run[h] *= alpha;
         const float r = alpha * unit_ratio;
@@ -517,10 +540,8 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     const float r0 = vs[0] * inv_unit, r1 = vs[1] * inv_unit;
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
-      const float base0 = m_run[2 * t] == -INFINITY ? 0.f : m_run[2 * t];
-      const float base1 = m_run[2 * t + 1] == -INFINITY ? 0.f : m_run[2 * t + 1];
-      const float e0 = exp2f(s[t][0] - base0), e1 = exp2f(s[t][1] - base1);
-      const float e2 = exp2f(s[t][2] - base0), e3 = exp2f(s[t][3] - base1);
+      const float e0 = Exp2(s[t][0] - m_run[2 * t]), e1 = Exp2(s[t][1] - m_run[2 * t + 1]);
+      const float e2 = Exp2(s[t][2] - m_run[2 * t]), e3 = Exp2(s[t][3] - m_run[2 * t + 1]);
       l_run[2 * t] += e0 + e2;
       l_run[2 * t + 1] += e1 + e3;
       pb[t][0] = Transpose8x8(PackHalf2(e0 * r0, e1 * r0));

@@ -322,6 +322,19 @@ __global__ void FillPageBytes(uint32_t* out, size_t n, uint32_t seed) {
   }
 }
 
+// Overwrites the FP32 scales of every page (`count` floats at `offset`) with values in
+// [2^-7, 2^-6), as amax / 448 of activations would be: random bits would spread them over 2^127
+// and make every page look like an outlier to the decode kernel.
+__global__ void FillPageScales(uint8_t* pool, size_t pages, uint32_t page_bytes, uint32_t offset,
+                               uint32_t count, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < pages * count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint32_t h = (static_cast<uint32_t>(i) * 0x9E3779B9u ^ seed) >> 8;
+    float* scale = reinterpret_cast<float*>(pool + (i / count) * page_bytes + offset) + i % count;
+    *scale = 0.0078125f * (1.f + static_cast<float>(h & 0xFFFF) / 65536.f);
+  }
+}
+
 // Bytes the decode kernel reads from one page for one KV head: K and V rows, micro-scales,
 // FP32 scales.
 double PageHeadBytes(const PageLayout& l) {
@@ -380,6 +393,11 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
     CHECK_CUDA(cudaMalloc(&pools[f], bytes));
     FillPageBytes<<<4096, 256, 0, stream>>>(static_cast<uint32_t*>(pools[f]), bytes / 4,
                                             static_cast<uint32_t>(f + 1));
+    CHECK_CUDA(cudaGetLastError());
+    const PageLayout& l = layouts[f];
+    const uint32_t scales = (l.page_bytes - l.k.scale_offset) / 4;  // K and V scales, padding
+    FillPageScales<<<4096, 256, 0, stream>>>(static_cast<uint8_t*>(pools[f]), count[f], l.page_bytes,
+                                              l.k.scale_offset, scales, static_cast<uint32_t>(f + 7));
     CHECK_CUDA(cudaGetLastError());
     p.pools[f] = {static_cast<const uint8_t*>(pools[f]), layouts[f], 0.05f, 0.05f};
     free_pages[f].resize(count[f]);
