@@ -98,6 +98,10 @@ __device__ __forceinline__ uint4 Load16(const uint8_t* p) {
 // The codecs one side (K or V) of a page can be in, as the kernel decodes them: each has a
 // compile-time staged layout, [16 token rows][128 micro-scale bytes, NVFP4 only].
 enum SideKind : uint32_t { kFp16Side, kE4M3Side, kE5M2Side, kNvfp4DimSide, kNvfp4TokenSide };
+// FormatPlan::kinds bit of an all-FP16 format whose pages are read straight from global memory
+// instead of staged (in a mixed palette, so that the staged pages of the smaller formats set the
+// shared memory per block, and with it the occupancy).
+constexpr uint32_t kDirectFp16 = 1u << 8;
 
 template <uint32_t kKind>
 constexpr uint32_t kRowBytes = kKind == kFp16Side ? 256 : kKind <= kE5M2Side ? 128 : 64;
@@ -184,9 +188,11 @@ __device__ __forceinline__ void LoadKeys(const uint8_t* side, int g, int c, uint
 
 // V of tokens (2c, 2c+1) and (2c+8, 2c+9), dims 16g..16g+15, of a staged side, as token
 // pairs: v[j][t] holds dim 16g + t of token pair j (NVFP4 times 2^-7). The FP32 scale is left
-// out.
-template <uint32_t kKind>
-__device__ __forceinline__ void LoadValues(const uint8_t* side, int g, int c, uint32_t v[2][16]) {
+// out. kMasked (FP16 only): tokens at or past `valid` read as zeros.
+template <uint32_t kKind, bool kMasked = false>
+__device__ __forceinline__ void LoadValues(const uint8_t* side, int g, int c, uint32_t v[2][16],
+                                           int valid = kDecodeBlockTokens) {
+  static_assert(!kMasked || kKind == kFp16Side);
   constexpr uint32_t kRow = kRowBytes<kKind>;
   const uint8_t* micro = side + 16 * kRow;
 #pragma unroll
@@ -197,8 +203,13 @@ __device__ __forceinline__ void LoadValues(const uint8_t* side, int g, int c, ui
     if constexpr (kKind == kFp16Side) {
       const uint4 a0 = Load16(ra + 32 * g), a1 = Load16(ra + 32 * g + 16);
       const uint4 b0 = Load16(rb + 32 * g), b1 = Load16(rb + 32 * g + 16);
-      const uint32_t a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-      const uint32_t b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+      uint32_t a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      uint32_t b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+      if constexpr (kMasked) {
+        const uint32_t keep_a = t0 < valid ? ~0u : 0u, keep_b = t0 + 1 < valid ? ~0u : 0u;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) a[w] &= keep_a, b[w] &= keep_b;
+      }
 #pragma unroll
       for (int w = 0; w < 8; ++w) {
         v[j][2 * w] = Prmt(a[w], b[w], 0x5410);
@@ -348,8 +359,10 @@ __device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t e
   const PagedDecodeParams::FormatPlan& plan = p.plans[format];
   const uint8_t* page = p.pools[format].base +
                         static_cast<uint64_t>(entry & kPackedPageMask) * p.pools[format].layout.page_bytes;
-  StageSideOf(plan, 0, dst, page, head, lane);
-  StageSideOf(plan, 1, dst + plan.v_at, page, head, lane);
+  if (!(plan.kinds & kDirectFp16)) {
+    StageSideOf(plan, 0, dst, page, head, lane);
+    StageSideOf(plan, 1, dst + plan.v_at, page, head, lane);
+  }
   const int side = lane / 16, slot = lane % 16;
   const uint32_t count = plan.scale_count[side];
   const uint32_t scale = dst + p.scales_at + 4 * lane;
@@ -445,29 +458,39 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     return i < count ? entries[i * kWarps] : 0u;
   };
   uint32_t batch = load_batch(0), next_batch = load_batch(1);
-  const auto stage = [&](int i) {
+  const auto stage = [&](int i, int slot) {
     if (i < count) {
       if (i % 32 == 0 && i > 0) batch = next_batch, next_batch = load_batch(i / 32 + 1);
       const uint32_t entry = __shfl_sync(0xFFFFFFFFu, batch, i % 32);
-      if (lane == 0) ring_entry[i % kStages] = entry;
-      StagePage(p, entry, kv_head, ring_shared + (i % kStages) * p.stage_bytes, lane);
+      if (lane == 0) ring_entry[slot] = entry;
+      StagePage(p, entry, kv_head, ring_shared + slot * p.stage_bytes, lane);
     }
     CommitCopies();  // an empty group keeps the count of pending groups uniform
   };
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) stage(i);
+  for (int i = 0; i < kStages - 1; ++i) stage(i, i);
 
-  for (int i = 0; i < count; ++i) {
-    stage(i + kStages - 1);
+  for (int i = 0, slot = 0; i < count; ++i, slot = slot == kStages - 1 ? 0 : slot + 1) {
+    stage(i + kStages - 1, slot == 0 ? kStages - 1 : slot - 1);
     WaitCopies<kStages - 1>();  // page i has landed (this lane's copies)
     __syncwarp();               // ... and every lane's
-    const uint32_t entry = ring_entry[i % kStages];
-    const PagedDecodeParams::FormatPlan& plan = p.plans[entry >> kPackedFormatShift];
+    const uint32_t entry = ring_entry[slot];
+    const uint32_t format = entry >> kPackedFormatShift;
+    const PagedDecodeParams::FormatPlan& plan = p.plans[format];
     const uint32_t kinds = plan.kinds;
-    uint8_t* page = ring + (i % kStages) * p.stage_bytes;
+    uint8_t* page = ring + slot * p.stage_bytes;
     uint8_t* v_side = page + plan.v_at;
     const int valid = min(kDecodeBlockTokens, seq_len - (first + i * kWarps) * kDecodeBlockTokens);
-    if (valid < kDecodeBlockTokens) {
+    const bool direct = kinds & kDirectFp16;
+    // A direct page's head in global memory: K rows, then (at `direct_v`) V rows.
+    const uint8_t* direct_k = nullptr;
+    uint32_t direct_v = 0;
+    if (direct) {
+      direct_k = p.pools[format].base +
+                 static_cast<uint64_t>(entry & kPackedPageMask) * p.pools[format].layout.page_bytes +
+                 plan.src[0] + kv_head * 4096;
+      direct_v = plan.src[1] - plan.src[0];
+    } else if (valid < kDecodeBlockTokens) {
       ClearValuesPast(v_side, (kinds >> 3) & 7, valid, lane);
       __syncwarp();
     }
@@ -477,7 +500,11 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     float s[kTiles][4];
     {
       uint32_t k[2][16];
-      DispatchSide(kinds & 7, [&](auto kind) { LoadKeys<decltype(kind)::value>(page, g, c, k); });
+      if (direct) {
+        LoadKeys<kFp16Side>(direct_k, g, c, k);
+      } else {
+        DispatchSide(kinds & 7, [&](auto kind) { LoadKeys<decltype(kind)::value>(page, g, c, k); });
+      }
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
         float odd[4] = {0.f, 0.f, 0.f, 0.f};
@@ -549,7 +576,12 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     }
     {
       uint32_t v[2][16];
-      DispatchSide((kinds >> 3) & 7, [&](auto kind) { LoadValues<decltype(kind)::value>(v_side, g, c, v); });
+      if (direct) {
+        LoadValues<kFp16Side, true>(direct_k + direct_v, g, c, v, valid);
+      } else {
+        DispatchSide((kinds >> 3) & 7,
+                     [&](auto kind) { LoadValues<decltype(kind)::value>(v_side, g, c, v); });
+      }
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const uint32_t a[4] = {v[0][2 * i], v[0][2 * i + 1], v[1][2 * i], v[1][2 * i + 1]};
@@ -645,52 +677,37 @@ __global__ void MergeStatesKernel(const MergeStatesParams p) {
 
 }  // namespace
 
-DecodeSplit ChooseDecodeSplit(int32_t batch, int32_t num_kv_heads, int32_t max_pages,
-                              int32_t num_sms) {
-  // Enough blocks for about four per multiprocessor, and at least 8 pages per split (two
-  // per warp) so that the merge stays small next to the attention.
-  const int64_t blocks = static_cast<int64_t>(batch) * num_kv_heads;
-  const int64_t want = (4 * static_cast<int64_t>(num_sms) + blocks - 1) / std::max<int64_t>(blocks, 1);
-  const int64_t most = std::max<int64_t>(1, (max_pages + 7) / 8);
-  const int32_t splits = static_cast<int32_t>(std::max<int64_t>(1, std::min(want, most)));
-  const int32_t per = std::max<int32_t>(1, (max_pages + splits - 1) / splits);
-  return {static_cast<int32_t>((std::max(max_pages, 1) + per - 1) / per), per};
+namespace {
+
+bool AllFp16(const PageLayout& l) {
+  return l.k.type == ElementType::kFp16 && l.v.type == ElementType::kFp16;
 }
 
-int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_splits) {
-  if (num_splits <= 1) return 0;
-  return static_cast<int64_t>(num_splits) * batch * num_q_heads * (kDecodeHeadDim + 1);
-}
-
-cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
-  if (p.batch < 0 || p.num_kv_heads < 1 || p.num_q_heads % p.num_kv_heads != 0 ||
-      p.num_q_heads / p.num_kv_heads < 1 || p.num_q_heads / p.num_kv_heads > kDecodeMaxGroup ||
-      p.num_splits < 1 || p.pages_per_split < 1 || p.num_formats < 1 ||
-      p.num_formats > kDecodeMaxFormats || (p.num_splits > 1 && p.workspace == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
-  if (p.batch == 0) return cudaSuccess;
-  PagedDecodeParams k = p;
+// Fills k's format plans, stage_bytes and scales_at from its pools. Returns false for a layout
+// the kernel does not read (BF16, a page other than 16 tokens x head_dim 128).
+bool PlanStaging(PagedDecodeParams& k) {
+  bool mixed = false;  // all-FP16 formats next to smaller ones are read directly
+  for (int f = 0; f < k.num_formats; ++f) mixed |= !AllFp16(k.pools[f].layout);
   k.stage_bytes = 0;
-  for (int f = 0; f < p.num_formats; ++f) {
-    const PageLayout& l = p.pools[f].layout;
+  for (int f = 0; f < k.num_formats; ++f) {
+    const PageLayout& l = k.pools[f].layout;
+    if (l.tokens != kDecodeBlockTokens || l.head_dim != kDecodeHeadDim) return false;
     PagedDecodeParams::FormatPlan& plan = k.plans[f];
     const CodecLayout* sides[2] = {&l.k, &l.v};
-    const float tensor[2] = {p.pools[f].k_tensor_scale, p.pools[f].v_tensor_scale};
+    const float tensor[2] = {k.pools[f].k_tensor_scale, k.pools[f].v_tensor_scale};
+    const bool direct = mixed && AllFp16(l);
     uint32_t side_bytes[2];
-    plan.kinds = 0;
+    plan.kinds = direct ? kDirectFp16 : 0;
     for (int side = 0; side < 2; ++side) {
       const CodecLayout& c = *sides[side];
+      if (c.type == ElementType::kBf16) return false;
       const bool nvfp4 = c.type == ElementType::kNvfp4;
       const uint32_t kind = c.type == ElementType::kFp16      ? kFp16Side
                             : c.type == ElementType::kFp8E4M3 ? kE4M3Side
                             : c.type == ElementType::kFp8E5M2 ? kE5M2Side
                             : c.axis == MicroAxis::kHeadDim   ? kNvfp4DimSide
                                                               : kNvfp4TokenSide;
-      if (c.type == ElementType::kBf16 || l.tokens != kDecodeBlockTokens || l.head_dim != kDecodeHeadDim) {
-        return cudaErrorInvalidValue;
-      }
-      side_bytes[side] = l.tokens * c.row_bytes + (nvfp4 ? l.tokens * l.head_dim / kMicroBlock : 0);
+      side_bytes[side] = direct ? 0 : l.tokens * c.row_bytes + (nvfp4 ? l.tokens * l.head_dim / kMicroBlock : 0);
       plan.src[side] = c.payload_offset;
       plan.src[2 + side] = nvfp4 ? c.micro_offset : 0;
       const bool scaled = c.type != ElementType::kFp16;
@@ -705,15 +722,26 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   }
   k.scales_at = k.stage_bytes;
   k.stage_bytes += 32 * sizeof(float);
-  const bool wide = p.num_q_heads / p.num_kv_heads > 8;
+  return true;
+}
+
+// The kernel for k's GQA group and its dynamic shared memory: the staging rings, or the
+// block's merge of its warps' states if larger.
+struct KernelLaunch {
+  void (*kernel)(PagedDecodeParams);
+  int smem;
+};
+KernelLaunch KernelFor(const PagedDecodeParams& k) {
+  const bool wide = k.num_q_heads / k.num_kv_heads > 8;
   const size_t group_rows = wide ? 16 : 8;
   const size_t ring = static_cast<size_t>(kWarps) * kStages * (k.stage_bytes + 4);
   const size_t merge = kWarps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
-  const int smem = static_cast<int>(std::max(ring, merge));
-  const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
-  const auto kernel = wide ? PagedDecodeKernel<2> : PagedDecodeKernel<1>;
-  // The opt-in shared memory limit is raised once per kernel, to the most any launch asks for
-  // (FP16 K and V, the largest staged page), not on every launch.
+  return {wide ? PagedDecodeKernel<2> : PagedDecodeKernel<1>, static_cast<int>(std::max(ring, merge))};
+}
+
+// Raises the kernels' opt-in shared memory limit once, to the most any launch asks for (FP16 K
+// and V, the largest staged page).
+cudaError_t RaiseSharedLimit() {
   static const cudaError_t raised = [] {
     constexpr int kMostSmem =
         kWarps * kStages * (2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4 + 4);
@@ -724,8 +752,57 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
     }
     return cudaSuccess;
   }();
+  return raised;
+}
+
+bool ValidShapes(const PagedDecodeParams& p) {
+  return p.batch >= 0 && p.num_kv_heads >= 1 && p.num_q_heads % p.num_kv_heads == 0 &&
+         p.num_q_heads / p.num_kv_heads >= 1 && p.num_q_heads / p.num_kv_heads <= kDecodeMaxGroup &&
+         p.num_formats >= 1 && p.num_formats <= kDecodeMaxFormats;
+}
+
+}  // namespace
+
+cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int32_t num_sms,
+                              DecodeSplit* split) {
+  PagedDecodeParams k = p;
+  if (!ValidShapes(p) || !PlanStaging(k)) return cudaErrorInvalidValue;
+  const cudaError_t raised = RaiseSharedLimit();
   if (raised != cudaSuccess) return raised;
-  kernel<<<grid, kThreads, smem, stream>>>(k);
+  const KernelLaunch launch = KernelFor(k);
+  int per_sm = 0;
+  const cudaError_t e =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, launch.kernel, kThreads, launch.smem);
+  if (e != cudaSuccess) return e;
+  // One wave: as many splits as fill the resident blocks of every multiprocessor, and at least
+  // 8 pages per split (two per warp) so that the merge stays small next to the attention.
+  const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(p.batch) * p.num_kv_heads);
+  const int64_t want = std::max<int64_t>(1, per_sm) * num_sms / blocks;
+  const int64_t most = std::max<int64_t>(1, (max_pages + 7) / 8);
+  const int32_t splits = static_cast<int32_t>(std::max<int64_t>(1, std::min(want, most)));
+  const int32_t per = std::max<int32_t>(1, (max_pages + splits - 1) / splits);
+  *split = {static_cast<int32_t>((std::max(max_pages, 1) + per - 1) / per), per};
+  return cudaSuccess;
+}
+
+int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_splits) {
+  if (num_splits <= 1) return 0;
+  return static_cast<int64_t>(num_splits) * batch * num_q_heads * (kDecodeHeadDim + 1);
+}
+
+cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
+  if (!ValidShapes(p) || p.num_splits < 1 || p.pages_per_split < 1 ||
+      (p.num_splits > 1 && p.workspace == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.batch == 0) return cudaSuccess;
+  PagedDecodeParams k = p;
+  if (!PlanStaging(k)) return cudaErrorInvalidValue;
+  const cudaError_t raised = RaiseSharedLimit();
+  if (raised != cudaSuccess) return raised;
+  const KernelLaunch launch = KernelFor(k);
+  const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
+  launch.kernel<<<grid, kThreads, launch.smem, stream>>>(k);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || p.num_splits == 1) return e;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;

@@ -75,13 +75,16 @@ struct PagedDecodeParams {
   int32_t scales_at = 0;  // offset of the 32 staged scales in a buffer
 };
 
-// A split count that fills `num_sms` multiprocessors for this batch shape, and pages per split.
+// A split of every sequence's pages that fills `num_sms` multiprocessors in one wave with this
+// launch's blocks (their residency depends on the palette's staged page size and the GQA group).
+// REQUIRES: p's pools, formats, batch and heads are set. Returns cudaErrorInvalidValue for shapes
+// or layouts the kernel does not read.
 struct DecodeSplit {
   int32_t num_splits;
   int32_t pages_per_split;
 };
-DecodeSplit ChooseDecodeSplit(int32_t batch, int32_t num_kv_heads, int32_t max_pages,
-                              int32_t num_sms);
+cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int32_t num_sms,
+                              DecodeSplit* split);
 
 // Floats of workspace a launch with these shapes needs (0 when num_splits == 1).
 int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_splits);

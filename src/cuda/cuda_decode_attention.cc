@@ -89,16 +89,17 @@ absl::Status CudaDecodeAttention(const PagedLayer& kv, const PageTables& tables,
   int device = 0, sms = 0;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const gpu::DecodeSplit split = gpu::ChooseDecodeSplit(batch, kv.num_kv_heads, max_pages, sms);
+  p.batch = batch;
+  p.num_q_heads = queries.num_q_heads;
+  p.num_kv_heads = kv.num_kv_heads;
+  gpu::DecodeSplit split;
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::ChooseDecodeSplit(p, max_pages, sms, &split));
 
   const auto stream = static_cast<cudaStream_t>(launch.stream);
   StreamBuffers buffers(stream);
   KVTIER_ASSIGN_OR_RETURN(p.packed_indptr, buffers.Upload(tables.packed_indptr));
   KVTIER_ASSIGN_OR_RETURN(p.packed, buffers.Upload(tables.packed));
   KVTIER_ASSIGN_OR_RETURN(p.seq_lens, buffers.Upload(tables.seq_lens));
-  p.batch = batch;
-  p.num_q_heads = queries.num_q_heads;
-  p.num_kv_heads = kv.num_kv_heads;
   p.softmax_scale = queries.softmax_scale;
   p.q = queries.q.data();
   p.out = outputs.out.data();

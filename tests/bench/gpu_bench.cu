@@ -416,7 +416,12 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
     indptr[b + 1] = static_cast<int32_t>(packed.size());
   }
   const size_t rows = static_cast<size_t>(batch) * kQHeads;
-  const gpu::DecodeSplit split = gpu::ChooseDecodeSplit(batch, kKvHeads, static_cast<int32_t>(pages), sms);
+  p.num_formats = static_cast<int32_t>(formats);
+  p.batch = batch;
+  p.num_q_heads = kQHeads;
+  p.num_kv_heads = kKvHeads;
+  gpu::DecodeSplit split;
+  CHECK_CUDA(gpu::ChooseDecodeSplit(p, static_cast<int32_t>(pages), sms, &split));
   const int64_t workspace = gpu::DecodeWorkspaceFloats(batch, kQHeads, split.num_splits);
   void *d_indptr, *d_packed, *d_lens, *d_q, *d_out, *d_lse, *d_work = nullptr;
   CHECK_CUDA(cudaMalloc(&d_indptr, indptr.size() * 4));
@@ -431,13 +436,9 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
   CHECK_CUDA(cudaMemcpy(d_lens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
   Fill(d_q, rows * kD * 4, 3, kD);  // FP16 bit patterns read as floats: finite, varied
   FillPageBytes<<<256, 256, 0, stream>>>(static_cast<uint32_t*>(d_q), rows * kD, 9);
-  p.num_formats = static_cast<int32_t>(formats);
   p.packed_indptr = static_cast<const int32_t*>(d_indptr);
   p.packed = static_cast<const uint32_t*>(d_packed);
   p.seq_lens = static_cast<const int32_t*>(d_lens);
-  p.batch = batch;
-  p.num_q_heads = kQHeads;
-  p.num_kv_heads = kKvHeads;
   p.softmax_scale = 1e-20f;  // q holds random float bits; keep the logits small
   p.q = static_cast<const float*>(d_q);
   p.out = static_cast<float*>(d_out);
