@@ -71,17 +71,25 @@ __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t w, uint32_t& lo, uint32_
   }
 }
 
-// The E2M1 codes at nibbles p and p + 4 of `w` as an FP16 pair scaled by 2^-14: the sign goes
-// to bit 15 and the three magnitude bits to bits 11..9 (exponent LSBs and mantissa MSB), which
-// is exactly the E2M1 value times 2^-14, subnormal codes included.
-template <int p>
-__device__ __forceinline__ uint32_t E2M1PairScaled(uint32_t w) {
-  const uint32_t x = p < 3 ? w << (9 - 4 * p) : w >> (4 * p - 9);
-  return (x & 0x0E000E00u) | ((x << 3) & 0x80008000u);
+// The eight E2M1 codes of w as four FP16 pairs scaled by 2^-14: pair p holds nibbles p and
+// p + 4. Each code's sign goes to bit 15 and its three magnitude bits to bits 11..9 (exponent
+// LSBs and mantissa MSB), which is exactly the E2M1 value times 2^-14, subnormal codes included.
+// So that one shift and one mask place most pairs, the codes are first regrouped: in `even`,
+// byte q holds nibble 2q's magnitude at bits 0-2 and its sign at bit 6; in `odd`, nibble 2q+1's
+// magnitude at bits 4-6 and its sign at bit 10 (the other bits are masked off later).
+__device__ __forceinline__ void E2M1x8Scaled(uint32_t w, uint32_t h[4]) {
+  constexpr uint32_t kPair = 0x8E008E00u;  // sign and magnitude bits of both halves
+  const uint32_t w3 = w << 3;
+  const uint32_t even = (w & 0x07070707u) | (w3 & ~0x07070707u);
+  const uint32_t odd = (w & 0x70707070u) | (w3 & ~0x70707070u);
+  h[0] = (even << 9) & kPair;
+  h[1] = (odd << 5) & kPair;
+  h[2] = (even << 1) & kPair;
+  h[3] = ((w >> 3) & 0x0E000E00u) | (w & 0x80008000u);  // nibble 7's sign is already in place
 }
 
 // 2^7 twice, as an FP16 pair: E4M3 micro-scales times 2^7 are exact in FP16, and so are their
-// products with E2M1PairScaled's values (the E2M1 x E4M3 product times 2^-7).
+// products with E2M1x8Scaled's values (the E2M1 x E4M3 product times 2^-7).
 constexpr uint32_t kHalf2Pow7 = 0x58005800u;
 
 __device__ __forceinline__ void Mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -177,10 +185,10 @@ __device__ __forceinline__ void LoadKeys(const uint8_t* side, int g, int c, uint
       }
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
-        k[n][4 * m + 0] = Hmul2(E2M1PairScaled<0>(w[m]), scale[4 * m + 0]);
-        k[n][4 * m + 1] = Hmul2(E2M1PairScaled<1>(w[m]), scale[4 * m + 1]);
-        k[n][4 * m + 2] = Hmul2(E2M1PairScaled<2>(w[m]), scale[4 * m + 2]);
-        k[n][4 * m + 3] = Hmul2(E2M1PairScaled<3>(w[m]), scale[4 * m + 3]);
+        uint32_t h[4];
+        E2M1x8Scaled(w[m], h);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) k[n][4 * m + q] = Hmul2(h[q], scale[4 * m + q]);
       }
     }
   }
@@ -249,10 +257,10 @@ __device__ __forceinline__ void LoadValues(const uint8_t* side, int g, int c, ui
                              Prmt(a.y, b.y, 0x5410), Prmt(a.y, b.y, 0x7632)};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // dims 4i .. 4i + 3
-        v[j][4 * i + 0] = Hmul2(E2M1PairScaled<0>(x[i]), scale[4 * i + 0]);
-        v[j][4 * i + 1] = Hmul2(E2M1PairScaled<1>(x[i]), scale[4 * i + 1]);
-        v[j][4 * i + 2] = Hmul2(E2M1PairScaled<2>(x[i]), scale[4 * i + 2]);
-        v[j][4 * i + 3] = Hmul2(E2M1PairScaled<3>(x[i]), scale[4 * i + 3]);
+        uint32_t h[4];
+        E2M1x8Scaled(x[i], h);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[j][4 * i + q] = Hmul2(h[q], scale[4 * i + q]);
       }
     }
   }
