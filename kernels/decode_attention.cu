@@ -3,20 +3,29 @@
 // Work split: a block of 4 warps attends one (sequence, KV head, split); its warps take the
 // split's pages in turn, each keeping its own online-softmax state for the GQA group, and the
 // block merges the four states at the end. Each warp streams its pages into shared memory
-// through its own cp.async ring (kStages deep) and handles one 16-token page per step with
-// m16n8k16 tensor-core products (FP16 in, FP32 accumulate), laid out as in FlashAttention so
-// that the probabilities of S = Q K^T are already in place as the A operand of O += P V:
-//   S^T tile n:  A = Q [16 heads x 16 dims], B = K^T [16 dims x 8 tokens]  (8 k-steps, 2 tiles)
-//   O tile t:    A = P [16 heads x 16 tokens], B = V [16 tokens x 8 dims]  (16 tiles)
-// Lane (g = lane / 4, c = lane % 4) therefore holds K rows g and g + 8 (dims 32c..32c+31) and V
-// rows 2c, 2c+1, 2c+8, 2c+9 (dims 16g..16g+15). Because a dot product is indifferent to the
-// order of its terms, K's dims may sit in the registers in any order that Q's fragments share;
-// the order used is the one NVFP4 decodes into for free (pairs of dims d and d + 4), and FP16
-// and FP8 rows are permuted into it with byte permutes. Every format decodes exactly to FP16:
-// FP8 codes by the hardware conversion, NVFP4 by placing the E2M1 bits in an FP16 (the value
-// times 2^-14), scaling by 2^14 and by the E4M3 micro-scale (all products exact in FP16).
-// FP32 scales apply to the logits (K) and to the probabilities (V, relative to the page's
-// largest V scale, which becomes the unit of the output accumulator).
+// through its own cp.async ring (kStages deep; page-table entries are read 32 at a time, a batch
+// ahead) and handles one 16-token page per step with m16n8k16 tensor-core products (FP16 in,
+// FP32 accumulate). The query heads are the mma's N dimension, so that a GQA group of up to 8
+// wastes nothing and a page costs 16 mma:
+//   S^T = K Q^T:  A = K [16 tokens x 16 dims], B = Q^T [16 dims x 8 heads]  (8 k-steps)
+//   O^T += V^T P^T:  A = V^T [16 dims x 16 tokens], B = P^T [16 tokens x 8 heads]  (8 tiles)
+// P^T comes from S^T's accumulators by one movmatrix transpose per 8 tokens. Lane
+// (g = lane / 4, c = lane % 4) holds K rows g and g + 8 (dims 32c..32c+31) and V rows 2c, 2c+1,
+// 2c+8, 2c+9 (dims 16g..16g+15). Because a dot product is indifferent to the order of its terms,
+// K's dims may sit in the registers in any order that Q's fragments share; the order used is the
+// one NVFP4 decodes into cheaply (pairs of dims d and d + 4), and FP16 and FP8 rows are permuted
+// into it with byte permutes. Every format decodes exactly to FP16: FP8 codes by the hardware
+// conversion, NVFP4 by placing the E2M1 bits in an FP16 (the value times 2^-14) and multiplying
+// by the E4M3 micro-scale times 2^7 (exact; the kernel's scale undoes the 2^-7). FP32 scales
+// apply to the logits (K) and to the probabilities (V, relative to a running V scale that is the
+// unit of the output accumulator).
+//
+// Per page, the format's side kinds select compile-time layouts (DispatchSide); the running
+// maximum is allowed to lag by up to 2^8 so that most pages skip rescaling the accumulators
+// (the decision is per warp, and the maxima are reduced across lanes only when it is taken).
+// In a palette with smaller formats, all-FP16 pages (the recent tokens) are read straight from
+// global memory, so that the shared memory per block, and the occupancy, follow the smaller
+// formats.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
