@@ -389,6 +389,13 @@ PyTensorView ViewOf(const TensorView& v, const py::object& owner) { return PyTen
 
 PyCache& Self(const py::object& self) { return self.cast<PyCache&>(); }
 
+// `batch` as page tables: a PageTables as is, or a list of SequenceId built into `built`.
+const PageTables& TablesOf(const PyCache& c, const py::object& batch, PageTables* built) {
+  if (py::isinstance<PageTables>(batch)) return batch.cast<const PageTables&>();
+  Check((*c).BuildPageTables(batch.cast<std::vector<SequenceId>>(), built));
+  return *built;
+}
+
 // Decode attention with the CPU reference: q [batch, num_q_heads, head_dim] float32.
 py::tuple Attend(const Cache& cache, int32_t layer, const PageTables& tables, const py::object& q,
                  std::optional<float> softmax_scale) {
@@ -498,6 +505,11 @@ PYBIND11_MODULE(kvtier, m) {
         }
         return out;
       });
+
+  py::class_<PreparedDecode>(m, "PreparedDecode",
+                             "A decode step's page tables, checked and (on CUDA) on the device: "
+                             "Cache.prepare_decode")
+      .def_property_readonly("batch", &PreparedDecode::batch);
 
   py::class_<PyTensorView>(m, "TensorView",
                            "A pool view without a copy. numpy.from_dlpack / torch.from_dlpack "
@@ -780,19 +792,30 @@ PYBIND11_MODULE(kvtier, m) {
            },
            "format"_a, "layer"_a)
       // ---- kvtier's decode attention (CPU reference or the fused CUDA kernel) ----
+      .def("prepare_decode",
+           [](const PyCache& c, const py::object& batch, uintptr_t stream) {
+             PageTables built;
+             const PageTables& tables = TablesOf(c, batch, &built);
+             return Value(PreparedDecode::Create(*c.cache, tables,
+                                                 DeviceLaunch{reinterpret_cast<void*>(stream), false}));
+           },
+           "batch"_a, "stream"_a = 0, py::keep_alive<0, 1>(),
+           "This decode step's page tables made ready once for every layer's decode_attention: "
+           "checked and, on the CUDA backend, copied to the device on `stream` (a raw "
+           "cudaStream_t, e.g. torch.cuda.current_stream().cuda_stream; 0 for the default "
+           "stream). `batch` is a PageTables or a list of SequenceId. Valid until the cache "
+           "changes (append, demote, end_step).")
       .def("decode_attention",
            [](const PyCache& c, int32_t layer, const py::object& batch, const py::object& q,
-              const py::object& out, const py::object& lse, std::optional<float> softmax_scale) {
-             PageTables built;
-             const PageTables* tables = &built;
-             if (py::isinstance<PageTables>(batch)) {
-               tables = &batch.cast<const PageTables&>();
-             } else {
-               Check((*c).BuildPageTables(batch.cast<std::vector<SequenceId>>(), &built));
-             }
+              const py::object& out, const py::object& lse, std::optional<float> softmax_scale,
+              uintptr_t stream, bool synchronize) {
              const Geometry& g = c.geometry();
              const BackendKind backend = c.cache->options().backend;
-             const int64_t rows = static_cast<int64_t>(tables->seq_lens.size());
+             const bool prepared = py::isinstance<PreparedDecode>(batch);
+             PageTables built;
+             const PageTables* tables = prepared ? nullptr : &TablesOf(c, batch, &built);
+             const int64_t rows = prepared ? batch.cast<const PreparedDecode&>().batch()
+                                           : static_cast<int64_t>(tables->seq_lens.size());
              const py::tuple qshape = q.attr("shape");
              if (qshape.size() != 3) throw py::value_error("q must be [batch, num_q_heads, head_dim]");
              const int64_t heads = qshape[1].cast<int64_t>();
@@ -800,18 +823,26 @@ PYBIND11_MODULE(kvtier, m) {
              const FloatTensor ot(out, backend, {rows, heads, g.head_dim}, "out");
              const FloatTensor lt(lse, backend, {rows, heads}, "lse");
              const float scale = softmax_scale.value_or(1.f / std::sqrt(static_cast<float>(g.head_dim)));
-             Check(DecodeAttention(*c.cache, layer, *tables,
-                                   DecodeQueries{qt.span(), static_cast<int32_t>(heads), scale},
-                                   DecodeOutputs{ot.span(), lt.span(), {}, 0},
-                                   DeviceLaunch{nullptr, /*synchronize=*/true}));
+             const DecodeQueries queries{qt.span(), static_cast<int32_t>(heads), scale};
+             const DecodeOutputs outputs{ot.span(), lt.span(), {}, 0};
+             const DeviceLaunch launch{reinterpret_cast<void*>(stream), synchronize};
+             if (prepared) {
+               Check(DecodeAttention(*c.cache, layer, batch.cast<const PreparedDecode&>(), queries,
+                                     outputs, launch));
+             } else {
+               Check(DecodeAttention(*c.cache, layer, *tables, queries, outputs, launch));
+             }
            },
            "layer"_a, "batch"_a, "q"_a, "out"_a, "lse"_a, "softmax_scale"_a = py::none(),
-           "Decode attention for `batch` (PageTables from build_page_tables, or a list of "
-           "SequenceId) with kvtier's own kernel: the fused mixed-format kernel on the CUDA "
-           "backend (q, out, lse: float32 CUDA tensors via __dlpack__, e.g. torch), the CPU "
-           "reference on the CPU backend (numpy float32 arrays). q and out are [batch, "
-           "num_q_heads, head_dim], lse [batch, num_q_heads] in natural log; out and lse are "
-           "written in place. Runs on the default stream and waits for the result.")
+           "stream"_a = 0, "synchronize"_a = true,
+           "Decode attention for `batch` (a PreparedDecode from prepare_decode, PageTables from "
+           "build_page_tables, or a list of SequenceId) with kvtier's own kernel: the fused "
+           "mixed-format kernel on the CUDA backend (q, out, lse: float32 CUDA tensors via "
+           "__dlpack__, e.g. torch), the CPU reference on the CPU backend (numpy float32 arrays). "
+           "q and out are [batch, num_q_heads, head_dim], lse [batch, num_q_heads] in natural "
+           "log; out and lse are written in place. Runs on `stream` (a raw cudaStream_t; 0 for "
+           "the default stream) and, with synchronize (default), waits for the result. An engine "
+           "prepares each step once and calls this per layer with the PreparedDecode.")
       // ---- CPU reference attention ----
       .def("reference_attention",
            [](const PyCache& c, int32_t layer, const PageTables& t, const py::object& q,

@@ -10,8 +10,10 @@
 #define KVTIER_SRC_ATTENTION_DECODE_ATTENTION_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kvtier/cache.h"
 #include "kvtier/export.h"
@@ -34,6 +36,44 @@ struct DeviceLaunch {
 // read. Unavailable in builds without CUDA; Internal for a CUDA error.
 KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
                                            const PageTables& tables, const DecodeQueries& queries,
+                                           const DecodeOutputs& outputs,
+                                           const DeviceLaunch& launch = {});
+
+// A decode step's page tables made ready once for every layer's DecodeAttention of that step:
+// checked against the cache's palette (CheckPageTables) and, on the CUDA backend, copied to the
+// device on launch.stream. An engine makes one per step after BuildPageTables and passes it to
+// each layer's call, which then does no per-page host work and no copy. Valid, like the tables,
+// until the cache changes (Append, Demote, EndStep). Move-only. On the CUDA backend its device
+// copy is freed on launch.stream when it is destroyed: destroy it after the step's attention is
+// enqueued on that stream (or has finished, for other streams).
+// Thread-safety: const methods may be called concurrently.
+class KVTIER_EXPORT PreparedDecode {
+ public:
+  // InvalidArgument as CheckPageTables; Unavailable on CUDA in builds without CUDA; Internal
+  // for a CUDA error.
+  static absl::StatusOr<PreparedDecode> Create(const Cache& cache, const PageTables& tables,
+                                               const DeviceLaunch& launch = {});
+  PreparedDecode(PreparedDecode&&) noexcept;
+  PreparedDecode& operator=(PreparedDecode&&) noexcept;
+  ~PreparedDecode();
+
+  int64_t batch() const;  // sequences in the step
+
+ private:
+  struct Rep;
+  explicit PreparedDecode(std::unique_ptr<Rep> rep);
+  friend absl::Status DecodeAttention(const Cache&, int32_t, const PreparedDecode&,
+                                      const DecodeQueries&, const DecodeOutputs&,
+                                      const DeviceLaunch&);
+  std::unique_ptr<Rep> rep_;
+};
+
+// DecodeAttention over a prepared step: the same results as with the step's PageTables.
+// InvalidArgument for a cache other than the one the step was prepared for, when a page of the
+// step is outside this layer's pools, for spans not shaped for step.batch() sequences, and as
+// the table overload otherwise.
+KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
+                                           const PreparedDecode& step, const DecodeQueries& queries,
                                            const DecodeOutputs& outputs,
                                            const DeviceLaunch& launch = {});
 

@@ -193,8 +193,8 @@ absl::StatusOr<PagedLayer> GetPagedLayer(const Cache& cache, int32_t layer) {
   return kv;
 }
 
-absl::Status ValidatePagedDecode(const PagedLayer& kv, const PageTables& tables,
-                                 const DecodeQueries& queries, const DecodeOutputs& outputs) {
+absl::StatusOr<TableExtent> CheckPageTables(const PageTables& tables, int32_t block_tokens,
+                                            size_t palette_size) {
   const int64_t batch = static_cast<int64_t>(tables.seq_lens.size());
   if (tables.packed_indptr.size() != static_cast<size_t>(batch) + 1 ||
       tables.packed_indptr[0] != 0 ||
@@ -203,30 +203,57 @@ absl::Status ValidatePagedDecode(const PagedLayer& kv, const PageTables& tables,
         "packed_indptr has ", tables.packed_indptr.size(), " entries for ", batch,
         " sequences and ", tables.packed.size(), " packed pages"));
   }
-  if (kv.block_tokens < 1 || kv.formats.empty()) {
+  if (block_tokens < 1 || palette_size == 0) {
     return absl::InvalidArgumentError("the paged layer has no formats or block_tokens < 1");
   }
-  int64_t max_length = 0;
+  TableExtent extent;
+  extent.batch = batch;
+  extent.max_page.assign(palette_size, -1);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t pages = tables.packed_indptr[b + 1] - tables.packed_indptr[b];
     const int64_t len = tables.seq_lens[b];
-    if (pages < 0 || len < 0 || (len + kv.block_tokens - 1) / kv.block_tokens != pages) {
+    if (pages < 0 || len < 0 || (len + block_tokens - 1) / block_tokens != pages) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", b, " has ", len, " tokens in ",
-                                                     pages, " pages of ", kv.block_tokens));
+                                                     pages, " pages of ", block_tokens));
     }
     for (int32_t i = tables.packed_indptr[b]; i < tables.packed_indptr[b + 1]; ++i) {
       const uint32_t f = PackedFormat(tables.packed[i]);
-      if (f >= kv.formats.size() ||
-          static_cast<int64_t>(PackedPage(tables.packed[i])) >= kv.formats[f].capacity_pages ||
-          kv.formats[f].base == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "packed entry ", i, " names format ", f, " page ", PackedPage(tables.packed[i]),
-            ", outside the pools"));
+      if (f >= palette_size) {
+        return absl::InvalidArgumentError(absl::StrCat("packed entry ", i, " names format ", f,
+                                                       ", outside the palette of ", palette_size));
       }
+      extent.max_page[f] = std::max<int64_t>(extent.max_page[f], PackedPage(tables.packed[i]));
     }
-    max_length = std::max(max_length, len);
+    extent.max_length = std::max(extent.max_length, len);
+    extent.max_pages = std::max(extent.max_pages, static_cast<int32_t>(pages));
   }
-  return CheckQueries(batch, kv.num_kv_heads, kv.head_dim, queries, outputs, max_length);
+  return extent;
+}
+
+absl::Status CheckDecodeCall(const PagedLayer& kv, const TableExtent& extent,
+                             const DecodeQueries& queries, const DecodeOutputs& outputs) {
+  if (extent.max_page.size() != kv.formats.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the tables were checked for a palette of ",
+                                                   extent.max_page.size(), " formats, the layer has ",
+                                                   kv.formats.size()));
+  }
+  for (size_t f = 0; f < kv.formats.size(); ++f) {
+    if (extent.max_page[f] >= 0 &&
+        (extent.max_page[f] >= kv.formats[f].capacity_pages || kv.formats[f].base == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the tables name page ", extent.max_page[f], " of format ", f, ", outside its pool of ",
+          kv.formats[f].capacity_pages, " pages"));
+    }
+  }
+  return CheckQueries(extent.batch, kv.num_kv_heads, kv.head_dim, queries, outputs,
+                      extent.max_length);
+}
+
+absl::Status ValidatePagedDecode(const PagedLayer& kv, const PageTables& tables,
+                                 const DecodeQueries& queries, const DecodeOutputs& outputs) {
+  absl::StatusOr<TableExtent> extent = CheckPageTables(tables, kv.block_tokens, kv.formats.size());
+  if (!extent.ok()) return extent.status();
+  return CheckDecodeCall(kv, *extent, queries, outputs);
 }
 
 absl::Status PagedDecodeAttention(const PagedLayer& kv, const PageTables& tables,

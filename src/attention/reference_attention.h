@@ -75,9 +75,33 @@ KVTIER_EXPORT absl::StatusOr<PagedLayer> GetPagedLayer(const Cache& cache, int32
 
 // The checks PagedDecodeAttention makes before reading anything (span sizes only, so the
 // spans may describe device memory): OK, or InvalidArgument saying what is inconsistent.
+// CheckPageTables followed by CheckDecodeCall.
 KVTIER_EXPORT absl::Status ValidatePagedDecode(const PagedLayer& kv, const PageTables& tables,
                                                const DecodeQueries& queries,
                                                const DecodeOutputs& outputs);
+
+// What a batch's checked page tables name: the highest page of each palette format (-1 for
+// none), and the longest sequence in tokens and in pages.
+struct TableExtent {
+  std::vector<int64_t> max_page;  // [palette size]
+  int64_t batch = 0;
+  int64_t max_length = 0;
+  int32_t max_pages = 0;
+};
+
+// The half of ValidatePagedDecode that needs no layer, for callers that check a step's tables
+// once and attend every layer with them: packed_indptr against the batch, each sequence's page
+// count against its length in `block_tokens`-token pages, every entry's format inside a palette
+// of `palette_size`. InvalidArgument saying what is inconsistent.
+KVTIER_EXPORT absl::StatusOr<TableExtent> CheckPageTables(const PageTables& tables,
+                                                          int32_t block_tokens,
+                                                          size_t palette_size);
+
+// The other half: every page `extent` names inside kv's pools, and the query and output spans
+// shaped for extent.batch sequences. InvalidArgument saying what is inconsistent.
+KVTIER_EXPORT absl::Status CheckDecodeCall(const PagedLayer& kv, const TableExtent& extent,
+                                           const DecodeQueries& queries,
+                                           const DecodeOutputs& outputs);
 
 // Decode attention for `tables.seq_lens.size()` sequences over the pages of `kv`, using
 // tables.packed_indptr / packed / seq_lens (per_format is not read). InvalidArgument for

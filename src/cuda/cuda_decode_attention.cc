@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,14 @@
 
 namespace kvtier {
 namespace {
+
+// `count` T (at least one) from the stream-ordered allocator.
+template <typename T>
+absl::StatusOr<T*> AllocateOn(cudaStream_t stream, size_t count) {
+  void* p = nullptr;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&p, std::max<size_t>(count, 1) * sizeof(T), stream));
+  return static_cast<T*>(p);
+}
 
 // Stream-ordered device buffers of one call, freed on the stream when it ends (the stream-
 // ordered allocator keeps the memory pooled, so steady-state calls do not reach the driver).
@@ -22,19 +31,9 @@ class StreamBuffers {
   }
   template <typename T>
   absl::StatusOr<T*> Allocate(size_t count) {
-    void* p = nullptr;
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&p, std::max<size_t>(count, 1) * sizeof(T), stream_));
+    KVTIER_ASSIGN_OR_RETURN(T * p, AllocateOn<T>(stream_, count));
     owned_.push_back(p);
-    return static_cast<T*>(p);
-  }
-  template <typename T>
-  absl::StatusOr<T*> Upload(const std::vector<T>& host) {
-    KVTIER_ASSIGN_OR_RETURN(T * d, Allocate<T>(host.size()));
-    if (!host.empty()) {
-      KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d, host.data(), host.size() * sizeof(T),
-                                                  cudaMemcpyHostToDevice, stream_));
-    }
-    return d;
+    return p;
   }
 
  private:
@@ -49,10 +48,47 @@ absl::Status Finish(cudaStream_t stream, const DeviceLaunch& launch) {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<CudaDecodeTables>> CudaDecodeTables::Upload(
+    const PageTables& tables, void* stream) {
+  std::unique_ptr<CudaDecodeTables> d(new CudaDecodeTables(stream));
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto copy = [s](const auto& host, auto** device) -> absl::Status {
+    using T = typename std::decay_t<decltype(host)>::value_type;
+    KVTIER_ASSIGN_OR_RETURN(*device, AllocateOn<T>(s, host.size()));
+    if (!host.empty()) {
+      KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*device, host.data(), host.size() * sizeof(T),
+                                                  cudaMemcpyHostToDevice, s));
+    }
+    return absl::OkStatus();
+  };
+  KVTIER_RETURN_IF_ERROR(copy(tables.packed_indptr, &d->indptr_));
+  KVTIER_RETURN_IF_ERROR(copy(tables.packed, &d->packed_));
+  KVTIER_RETURN_IF_ERROR(copy(tables.seq_lens, &d->seq_lens_));
+  return d;
+}
+
+CudaDecodeTables::~CudaDecodeTables() {
+  for (void* p : {static_cast<void*>(indptr_), static_cast<void*>(packed_),
+                  static_cast<void*>(seq_lens_)}) {
+    if (p != nullptr) cudaFreeAsync(p, static_cast<cudaStream_t>(stream_));
+  }
+}
+
 absl::Status CudaDecodeAttention(const PagedLayer& kv, const PageTables& tables,
                                  const DecodeQueries& queries, const DecodeOutputs& outputs,
                                  const DeviceLaunch& launch) {
-  KVTIER_RETURN_IF_ERROR(ValidatePagedDecode(kv, tables, queries, outputs));
+  KVTIER_ASSIGN_OR_RETURN(const TableExtent extent,
+                          CheckPageTables(tables, kv.block_tokens, kv.formats.size()));
+  KVTIER_RETURN_IF_ERROR(CheckDecodeCall(kv, extent, queries, outputs));
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<CudaDecodeTables> device,
+                          CudaDecodeTables::Upload(tables, launch.stream));
+  return CudaDecodeAttention(kv, *device, extent, queries, outputs, launch);
+}
+
+absl::Status CudaDecodeAttention(const PagedLayer& kv, const CudaDecodeTables& tables,
+                                 const TableExtent& extent, const DecodeQueries& queries,
+                                 const DecodeOutputs& outputs, const DeviceLaunch& launch) {
+  KVTIER_RETURN_IF_ERROR(CheckDecodeCall(kv, extent, queries, outputs));
   const int32_t group = queries.num_q_heads / kv.num_kv_heads;
   if (kv.head_dim != gpu::kDecodeHeadDim || kv.block_tokens != gpu::kDecodeBlockTokens ||
       group > gpu::kDecodeMaxGroup) {
@@ -81,11 +117,7 @@ absl::Status CudaDecodeAttention(const PagedLayer& kv, const PageTables& tables,
     p.pools[f] = {format.base, format.layout, format.k_tensor_scale, format.v_tensor_scale};
   }
   p.num_formats = static_cast<int32_t>(kv.formats.size());
-  const int32_t batch = static_cast<int32_t>(tables.seq_lens.size());
-  int32_t max_pages = 0;
-  for (int32_t b = 0; b < batch; ++b) {
-    max_pages = std::max(max_pages, tables.packed_indptr[b + 1] - tables.packed_indptr[b]);
-  }
+  const int32_t batch = static_cast<int32_t>(extent.batch);
   int device = 0, sms = 0;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -93,13 +125,13 @@ absl::Status CudaDecodeAttention(const PagedLayer& kv, const PageTables& tables,
   p.num_q_heads = queries.num_q_heads;
   p.num_kv_heads = kv.num_kv_heads;
   gpu::DecodeSplit split;
-  KVTIER_CUDA_RETURN_IF_ERROR(gpu::ChooseDecodeSplit(p, max_pages, sms, &split));
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::ChooseDecodeSplit(p, extent.max_pages, sms, &split));
 
   const auto stream = static_cast<cudaStream_t>(launch.stream);
   StreamBuffers buffers(stream);
-  KVTIER_ASSIGN_OR_RETURN(p.packed_indptr, buffers.Upload(tables.packed_indptr));
-  KVTIER_ASSIGN_OR_RETURN(p.packed, buffers.Upload(tables.packed));
-  KVTIER_ASSIGN_OR_RETURN(p.seq_lens, buffers.Upload(tables.seq_lens));
+  p.packed_indptr = tables.packed_indptr();
+  p.packed = tables.packed();
+  p.seq_lens = tables.seq_lens();
   p.softmax_scale = queries.softmax_scale;
   p.q = queries.q.data();
   p.out = outputs.out.data();

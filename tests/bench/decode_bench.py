@@ -12,9 +12,10 @@
   (d) kvtier's fused kernel through the Python module, `cache.decode_attention`, for FP16,
       fp8_e4m3/block_head, nvfp4/block_head and the balanced mix of tests/bench/gpu_bench.cu
       (first page and last 256 tokens FP16, the 2048 before them fp8_e4m3/block_head, everything
-      older k: nvfp4_channel/block_head, v: nvfp4/block_head). The Python call builds the page
-      tables on the host, uploads them, launches and synchronizes: it is labelled
-      "kvtier (python call)" and is an upper bound. kvtier's kernel alone is timed by the C++
+      older k: nvfp4_channel/block_head, v: nvfp4/block_head). Three Python calls: with a list
+      of sequences (builds the page tables on the host, uploads them, launches, synchronizes),
+      with prebuilt PageTables (uploads, launches, synchronizes), and with a PreparedDecode made
+      once per step (launches only: what an engine pays per layer). kvtier's kernel alone is timed by the C++
       benchmark (`kvtier_gpu_bench OUT.json`); pass that JSON with --kernel-json to print its
       numbers beside these, labelled "kvtier kernel (C++ bench)".
 
@@ -199,11 +200,18 @@ def bench_kvtier(torch, kvtier, t, batch, ctx, copies, log_prefix):
     def run(cache, groups, name, tokens_per_format):
         nbytes = kvtier_read_bytes(cache, tokens_per_format)
         tables = [cache.build_page_tables(g) for g in groups]
-        for label, batches, note in (
+        steps = [cache.prepare_decode(tb) for tb in tables] if hasattr(cache, "prepare_decode") else []
+        for label, batches, note, sync in (
                 ("", groups, "python call with a list of sequences: BuildPageTables + upload + "
-                 "launch + sync"),
-                ("tables_", tables, "python call with prebuilt PageTables: upload + launch + sync")):
-            fns = [lambda b=b: cache.decode_attention(0, b, q, o, lse) for b in batches]
+                 "launch + sync", True),
+                ("tables_", tables, "python call with prebuilt PageTables: upload + launch + sync",
+                 True),
+                ("prepared_", steps, "python call with a PreparedDecode (tables on the device, "
+                 "prepared once per step): launch, no sync", False)):
+            if not batches:
+                continue
+            fns = [lambda b=b, sync=sync: cache.decode_attention(0, b, q, o, lse, synchronize=sync)
+                   for b in batches]
             r = t(fns)
             r.update(bytes=nbytes, note=note)
             out[label + name] = r
@@ -417,7 +425,8 @@ def main():
 
     log("\nDecode, 32 q / 8 KV heads, head_dim 128, 16-token pages. us = median per call; TB/s = K/V "
         "bytes read / time; % = of the 4.48 TB/s read roof; x = speed-up over cuDNN SDPA FP16.\n"
-        "kvtier_py_* = Python call incl. host tables + upload + sync (upper bound); "
+        "kvtier_py_* = Python call incl. host tables + upload + sync; kvtier_py_prepared_* = "
+        "Python call with a PreparedDecode (launch only); "
         "kvtier_kernel_cpp_* = kernel alone from kvtier_gpu_bench.")
     log(f"{'batch':>5s} {'ctx':>5s}  {'method':36s} {'us':>10s} {'TB/s':>6s} {'%roof':>6s} {'x cuDNN':>8s}")
     for row in results:

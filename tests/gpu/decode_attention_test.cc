@@ -3,12 +3,14 @@
 // every format of the palettes below mixed within sequences, GQA groups 1 to 16, batch 1 to
 // 256, contexts 1 to 128K tokens (split-KV), ragged lengths and empty sequences. Tolerances are
 // the ones docs/attention.md states. Also: the LSE merge kernel against MergeStates, and the
-// kernel's refusals.
+// kernel's refusals. Every comparison also attends the step prepared once (PreparedDecode) and
+// requires the same bits.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -104,6 +106,25 @@ std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int gr
   Outputs got{std::vector<float>(rows * g.head_dim), std::vector<float>(rows)};
   cudaMemcpy(got.out.data(), out, got.out.size() * 4, cudaMemcpyDeviceToHost);
   cudaMemcpy(got.lse.data(), lse, got.lse.size() * 4, cudaMemcpyDeviceToHost);
+
+  // The same step prepared once (tables on the device): the same bits.
+  absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(pair.gpu(), gt);
+  if (!step.ok()) return absl::StrCat("prepare: ", step.status().ToString());
+  cudaMemset(out, 0, rows * g.head_dim * 4);
+  cudaMemset(lse, 0, rows * 4);
+  s = DecodeAttention(pair.gpu(), 0, *step,
+                      {absl::MakeConstSpan(static_cast<const float*>(dq.data()), q.size()), q_heads,
+                       scale},
+                      {absl::MakeSpan(out, rows * g.head_dim), absl::MakeSpan(lse, rows), {}, 0},
+                      {nullptr, true});
+  if (!s.ok()) return absl::StrCat("kernel, prepared: ", s.ToString());
+  Outputs prepared{std::vector<float>(rows * g.head_dim), std::vector<float>(rows)};
+  cudaMemcpy(prepared.out.data(), out, prepared.out.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(prepared.lse.data(), lse, prepared.lse.size() * 4, cudaMemcpyDeviceToHost);
+  if (std::memcmp(prepared.out.data(), got.out.data(), got.out.size() * 4) != 0 ||
+      std::memcmp(prepared.lse.data(), got.lse.data(), got.lse.size() * 4) != 0) {
+    return "the prepared step's results differ from the tables'";
+  }
 
   double worst_out = 0, worst_lse = 0;
   int64_t tokens = 0;

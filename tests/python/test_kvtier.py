@@ -316,6 +316,23 @@ def test_decode_attention_on_the_cpu_backend_is_the_reference():
         cache.decode_attention(1, tables, q3, np.zeros_like(q3), np.zeros((len(seqs), 3), np.float32))
 
 
+def test_prepared_decode_gives_the_results_of_the_tables():
+    cache, seqs, tables = mixed_batch()
+    q = np.random.default_rng(10).normal(size=(len(seqs), 4, D)).astype(np.float32)
+    want, want_lse = cache.reference_attention(1, tables, q)
+    step = cache.prepare_decode(tables)
+    assert step.batch == len(seqs)
+    out, lse = np.zeros_like(want), np.zeros_like(want_lse)
+    cache.decode_attention(1, step, q, out, lse)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(lse, want_lse)
+    assert cache.prepare_decode(seqs).batch == len(seqs)  # a list of sequences
+    with pytest.raises(ValueError, match="q must have shape"):  # the step has len(seqs) rows
+        cache.decode_attention(1, step, q[:1], out[:1], lse[:1])
+    with pytest.raises((TypeError, RuntimeError)):
+        cache.prepare_decode(3)
+
+
 def test_merge_states_in_place():
     rng = np.random.default_rng(9)
     a, b = rng.normal(size=(2, 5, 3, D)).astype(np.float32)

@@ -1,0 +1,112 @@
+// PreparedDecode on the CPU backend: a prepared step gives the results of the step's tables on
+// every layer, and bad tables, spans and caches are refused with InvalidArgument.
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kvtier/cache.h"
+#include "src/attention/decode_attention.h"
+#include "tests/test_util.h"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::MustCreate;
+using ::kvtier::testing::RandomFloats;
+using ::kvtier::testing::RandomHalves;
+
+constexpr int kQHeads = 4;
+
+// A cache with `palette`, 2 layers, 2 KV heads, head_dim 32, 16-token blocks.
+Options TestOptions(std::vector<std::string> palette) {
+  Options o;
+  o.geometry = Geometry{2, 2, 32, 16};
+  o.memory_budget_bytes = size_t{8} << 20;
+  o.palette.clear();
+  for (const std::string& name : palette) o.palette.push_back(*ParseFormat(name));
+  return o;
+}
+
+// Sequences of `lengths` random tokens (0: empty) in every layer; the first block of each demoted to the
+// palette's last format when it is full, so the batch mixes formats.
+std::vector<SequenceId> WriteBatch(Cache& cache, const std::vector<int64_t>& lengths) {
+  const Geometry& g = cache.options().geometry;
+  std::vector<SequenceId> seqs;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const SequenceId seq = *cache.AddSequence();
+    seqs.push_back(seq);
+    if (lengths[i] == 0) continue;  // an empty sequence
+    std::vector<int64_t> slots;
+    EXPECT_TRUE(cache.Append(seq, lengths[i], &slots).ok());
+    const size_t n = static_cast<size_t>(lengths[i]) * g.num_kv_heads * g.head_dim;
+    for (int32_t layer = 0; layer < g.num_layers; ++layer) {
+      const std::vector<uint16_t> k = RandomHalves(n, 10 * i + layer), v = RandomHalves(n, 10 * i + layer + 5);
+      EXPECT_TRUE(cache.WriteKV(layer, slots,
+                                KVInput{DType::kFloat16, k.data(), v.data(), lengths[i], g.num_kv_heads, g.head_dim})
+                      .ok());
+    }
+    if (lengths[i] >= g.block_tokens) {
+      const BlockId first = (*cache.SequenceBlocks(seq))[0];
+      EXPECT_TRUE(cache.Demote({first}, static_cast<int32_t>(cache.options().palette.size()) - 1).ok());
+    }
+  }
+  EXPECT_TRUE(cache.EndStep().ok());
+  return seqs;
+}
+
+struct Outputs {
+  std::vector<float> out, lse;
+  explicit Outputs(int64_t batch) : out(batch * kQHeads * 32), lse(batch * kQHeads) {}
+  DecodeOutputs View() { return DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse), {}, 0}; }
+};
+
+TEST(PreparedDecodeTest, EqualsTheTablesOnEveryLayer) {
+  auto cache = MustCreate(TestOptions({"fp16", "fp8_e4m3/block_head", "nvfp4/block_head"}));
+  const std::vector<SequenceId> seqs = WriteBatch(*cache, {40, 0, 17, 64});
+  PageTables tables;
+  ASSERT_TRUE(cache->BuildPageTables(seqs, &tables).ok());
+  const absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(*cache, tables);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->batch(), 4);
+  const std::vector<float> q = RandomFloats(4 * kQHeads * 32, 3);
+  const DecodeQueries queries{q, kQHeads, 0.2f};
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    Outputs want(4), got(4);
+    ASSERT_TRUE(DecodeAttention(*cache, layer, tables, queries, want.View()).ok());
+    ASSERT_TRUE(DecodeAttention(*cache, layer, *step, queries, got.View()).ok());
+    EXPECT_EQ(got.out, want.out) << layer;
+    EXPECT_EQ(got.lse, want.lse) << layer;
+  }
+}
+
+TEST(PreparedDecodeTest, RefusesBadTablesSpansAndCaches) {
+  auto cache = MustCreate(TestOptions({"fp16", "fp8_e4m3/block_head"}));
+  const std::vector<SequenceId> seqs = WriteBatch(*cache, {40, 20});
+  PageTables tables;
+  ASSERT_TRUE(cache->BuildPageTables(seqs, &tables).ok());
+  auto invalid = [](const absl::Status& s) { return s.code() == absl::StatusCode::kInvalidArgument; };
+
+  PageTables bad = tables;
+  bad.packed[1] = PackPage(5, 0);  // a format outside the palette
+  EXPECT_TRUE(invalid(PreparedDecode::Create(*cache, bad).status()));
+  bad = tables;
+  bad.seq_lens[1] = 40;  // 3 pages for 2
+  EXPECT_TRUE(invalid(PreparedDecode::Create(*cache, bad).status()));
+
+  const absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(*cache, tables);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const std::vector<float> q = RandomFloats(2 * kQHeads * 32, 4);
+  Outputs one(1);
+  EXPECT_TRUE(invalid(DecodeAttention(*cache, 0, *step,
+                                      DecodeQueries{absl::MakeConstSpan(q).subspan(0, kQHeads * 32), kQHeads, 1.f},
+                                      one.View())));  // spans for 1 sequence, the step has 2
+  Outputs two(2);
+  EXPECT_FALSE(DecodeAttention(*cache, 2, *step, DecodeQueries{q, kQHeads, 1.f}, two.View()).ok());  // no layer 2
+
+  // Another cache, even of the same options: the step's pages do not describe it.
+  auto other = MustCreate(TestOptions({"fp16", "fp8_e4m3/block_head"}));
+  EXPECT_TRUE(invalid(DecodeAttention(*other, 0, *step, DecodeQueries{q, kQHeads, 1.f}, two.View())));
+}
+
+}  // namespace
+}  // namespace kvtier
