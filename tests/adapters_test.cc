@@ -24,17 +24,14 @@ namespace kvtier {
 namespace {
 
 using ::kvtier::testing::MustCreate;
+using ::kvtier::testing::PaletteOptions;
 using ::kvtier::testing::RandomFloats;
 using ::kvtier::testing::RandomHalves;
 
 constexpr int kLayers = 2, kHeads = 2, kDim = 32, kTokens = 16;
 
 Options MixedOptions(std::vector<std::string> palette, int block_tokens = kTokens) {
-  Options o;
-  o.geometry = Geometry{kLayers, kHeads, kDim, block_tokens};
-  o.memory_budget_bytes = size_t{16} << 20;
-  o.palette.clear();
-  for (const std::string& name : palette) o.palette.push_back(*ParseFormat(name));
+  Options o = PaletteOptions(Geometry{kLayers, kHeads, kDim, block_tokens}, palette, 16);
   o.k_tensor_amax.assign(kLayers, 12.f);
   o.v_tensor_amax.assign(kLayers, 10.f);
   return o;

@@ -12,19 +12,15 @@ namespace kvtier {
 namespace {
 
 using ::kvtier::testing::MustCreate;
+using ::kvtier::testing::PaletteOptions;
 using ::kvtier::testing::RandomFloats;
 using ::kvtier::testing::RandomHalves;
 
 constexpr int kQHeads = 4;
 
 // A cache with `palette`, 2 layers, 2 KV heads, head_dim 32, 16-token blocks.
-Options TestOptions(std::vector<std::string> palette) {
-  Options o;
-  o.geometry = Geometry{2, 2, 32, 16};
-  o.memory_budget_bytes = size_t{8} << 20;
-  o.palette.clear();
-  for (const std::string& name : palette) o.palette.push_back(*ParseFormat(name));
-  return o;
+Options TestOptions(const std::vector<std::string>& palette) {
+  return PaletteOptions(Geometry{2, 2, 32, 16}, palette, 8);
 }
 
 // Sequences of `lengths` random tokens (0: empty) in every layer; the first block of each demoted to the

@@ -14,6 +14,7 @@ namespace kvtier {
 namespace {
 
 using ::kvtier::testing::MustCreate;
+using ::kvtier::testing::PaletteOptions;
 using ::kvtier::testing::RandomFloats;
 using ::kvtier::testing::RandomHalves;
 
@@ -31,13 +32,8 @@ Results MakeResults(int64_t batch, int q_heads, int head_dim, int64_t stride) {
 }
 
 // A cache with `palette`, 2 KV heads, head_dim 32, 16-token blocks, one layer.
-Options TestOptions(std::vector<std::string> palette) {
-  Options o;
-  o.geometry = Geometry{1, 2, 32, 16};
-  o.memory_budget_bytes = size_t{8} << 20;
-  o.palette.clear();
-  for (const std::string& name : palette) o.palette.push_back(*ParseFormat(name));
-  return o;
+Options TestOptions(const std::vector<std::string>& palette) {
+  return PaletteOptions(Geometry{1, 2, 32, 16}, palette, 8);
 }
 
 // Writes `length` random tokens into a new sequence of `cache`.

@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/codec/half.h"
 #include "kvtier/cache.h"
+#include "kvtier/format.h"
 
 namespace kvtier::testing {
 
@@ -19,6 +21,18 @@ inline Options SmallOptions(int slabs_per_layer = 4) {
   Options o;
   o.geometry = Geometry{2, 2, 64, 16};
   o.memory_budget_bytes = size_t{2} * slabs_per_layer * o.slab_bytes;
+  return o;
+}
+
+// Options of `geometry` with a budget of `budget_mib` MiB and the palette of `formats` (format
+// names, hottest first).
+inline Options PaletteOptions(const Geometry& geometry, const std::vector<std::string>& formats,
+                              int64_t budget_mib) {
+  Options o;
+  o.geometry = geometry;
+  o.memory_budget_bytes = static_cast<size_t>(budget_mib) << 20;
+  o.palette.clear();
+  for (const std::string& name : formats) o.palette.push_back(ParseFormat(name).value());
   return o;
 }
 

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,6 +22,7 @@
 #include "src/attention/decode_attention.h"
 #include "tests/gpu/cache_pair.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/test_util.h"
 
 namespace kvtier::testing {
 namespace {
@@ -31,12 +31,7 @@ constexpr double kOutTolerance = 5e-3;  // relative L2 per (sequence, head)
 constexpr double kLseTolerance = 5e-3;  // absolute, natural log
 
 Options MakeOptions(const std::vector<std::string>& palette, int64_t budget_mib) {
-  Options o;
-  o.geometry = Geometry{1, 8, 128, 16};
-  o.memory_budget_bytes = static_cast<size_t>(budget_mib) << 20;
-  o.palette.clear();
-  for (const std::string& name : palette) o.palette.push_back(ParseFormat(name).value());
-  return o;
+  return PaletteOptions(Geometry{1, 8, 128, 16}, palette, budget_mib);
 }
 
 // Adds sequences of `lengths` with random K/V, then demotes each full block to a palette
@@ -97,11 +92,11 @@ std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int gr
   dq.Upload(q);
   auto* out = static_cast<float*>(dout.data());
   auto* lse = static_cast<float*>(dlse.data());
-  s = DecodeAttention(pair.gpu(), 0, gt,
-                      {absl::MakeConstSpan(static_cast<const float*>(dq.data()), q.size()), q_heads,
-                       scale},
-                      {absl::MakeSpan(out, rows * g.head_dim), absl::MakeSpan(lse, rows), {}, 0},
-                      {nullptr, true});
+  const DecodeQueries device_q{absl::MakeConstSpan(static_cast<const float*>(dq.data()), q.size()),
+                               q_heads, scale};
+  const DecodeOutputs device_out{absl::MakeSpan(out, rows * g.head_dim), absl::MakeSpan(lse, rows),
+                                 {}, 0};
+  s = DecodeAttention(pair.gpu(), 0, gt, device_q, device_out, {nullptr, true});
   if (!s.ok()) return absl::StrCat("kernel: ", s.ToString());
   Outputs got{std::vector<float>(rows * g.head_dim), std::vector<float>(rows)};
   cudaMemcpy(got.out.data(), out, got.out.size() * 4, cudaMemcpyDeviceToHost);
@@ -112,18 +107,14 @@ std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int gr
   if (!step.ok()) return absl::StrCat("prepare: ", step.status().ToString());
   cudaMemset(out, 0, rows * g.head_dim * 4);
   cudaMemset(lse, 0, rows * 4);
-  s = DecodeAttention(pair.gpu(), 0, *step,
-                      {absl::MakeConstSpan(static_cast<const float*>(dq.data()), q.size()), q_heads,
-                       scale},
-                      {absl::MakeSpan(out, rows * g.head_dim), absl::MakeSpan(lse, rows), {}, 0},
-                      {nullptr, true});
+  s = DecodeAttention(pair.gpu(), 0, *step, device_q, device_out, {nullptr, true});
   if (!s.ok()) return absl::StrCat("kernel, prepared: ", s.ToString());
   Outputs prepared{std::vector<float>(rows * g.head_dim), std::vector<float>(rows)};
   cudaMemcpy(prepared.out.data(), out, prepared.out.size() * 4, cudaMemcpyDeviceToHost);
   cudaMemcpy(prepared.lse.data(), lse, prepared.lse.size() * 4, cudaMemcpyDeviceToHost);
-  if (std::memcmp(prepared.out.data(), got.out.data(), got.out.size() * 4) != 0 ||
-      std::memcmp(prepared.lse.data(), got.lse.data(), got.lse.size() * 4) != 0) {
-    return "the prepared step's results differ from the tables'";
+  for (const std::string& diff :
+       {CompareFloats(got.out, prepared.out), CompareFloats(got.lse, prepared.lse)}) {
+    if (!diff.empty()) return absl::StrCat("the prepared step differs from the tables: ", diff);
   }
 
   double worst_out = 0, worst_lse = 0;
