@@ -30,6 +30,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -792,20 +793,23 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   return {wide ? PagedDecodeKernel<2> : PagedDecodeKernel<1>, static_cast<int>(std::max(ring, merge))};
 }
 
-// Raises the kernels' opt-in shared memory limit once, to the most any launch asks for (FP16 K
-// and V, the largest staged page).
+// Raises the kernels' opt-in shared memory limit on the current device, once per device, to the
+// most any launch asks for (FP16 K and V, the largest staged page).
 cudaError_t RaiseSharedLimit() {
-  static const cudaError_t raised = [] {
-    constexpr int kMostSmem =
-        kWarps * kStages * (2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4 + 4);
-    for (const auto f : {PagedDecodeKernel<1>, PagedDecodeKernel<2>}) {
-      const cudaError_t r =
-          cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kMostSmem);
-      if (r != cudaSuccess) return r;
-    }
-    return cudaSuccess;
-  }();
-  return raised;
+  static std::atomic<uint64_t> raised{0};  // bit d: device d (devices past 63: every launch)
+  int device = 0;
+  const cudaError_t got = cudaGetDevice(&device);
+  if (got != cudaSuccess) return got;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if ((raised.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
+  constexpr int kMostSmem =
+      kWarps * kStages * (2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4 + 4);
+  for (const auto f : {PagedDecodeKernel<1>, PagedDecodeKernel<2>}) {
+    const cudaError_t r = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kMostSmem);
+    if (r != cudaSuccess) return r;
+  }
+  raised.fetch_or(bit, std::memory_order_relaxed);
+  return cudaSuccess;
 }
 
 bool ValidShapes(const PagedDecodeParams& p) {

@@ -12,8 +12,8 @@
 //     8 KV / 32 query heads, head_dim 128, 16-token pages in shuffled order, reported as bytes
 //     read (K/V rows, micro-scales, scales) over time against the read roof.
 // Usage: kvtier_gpu_bench OUT.json [--decode-only | --only CASE BATCH CONTEXT]
-//   --decode-only skips migration and append; --only times one decode shape alone, without the
-//   roofs (for profilers), e.g. `--only fp8_e4m3_block_head 64 8192`.
+//   --decode-only skips migration and append; --only times one decode shape and the read roof
+//   alone (for profilers), e.g. `--only fp8_e4m3_block_head 64 8192`.
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
@@ -506,7 +506,7 @@ int Main(int argc, char** argv) {
   std::vector<Result> roof_runs, migrations, appends, read_runs, decodes;
   const double roof = only ? 0 : CopyRoof(stream, &roof_runs);
   if (!decode_only && !only) RunDataPlane(stream, backend->get(), &migrations, &appends);
-  const double read_roof = only ? 0 : ReadRoof(stream, prop.multiProcessorCount, &read_runs);
+  const double read_roof = ReadRoof(stream, prop.multiProcessorCount, &read_runs);
   const std::vector<DecodeCase> cases = {
       {"fp16", {"fp16"}, [](int64_t, int64_t) { return 0; }},
       {"fp8_e4m3_block_head", {"fp8_e4m3/block_head"}, [](int64_t, int64_t) { return 0; }},
