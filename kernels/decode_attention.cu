@@ -61,10 +61,10 @@ __device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
   return HalfBits(__floats2half2_rn(lo, hi));
 }
 
-// Two FP8 codes (lo byte first) as an FP16 pair: exact.
-__device__ __forceinline__ uint32_t Fp8x2ToHalf2(uint32_t codes16, bool e5m2) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes16),
-                                                   e5m2 ? __NV_E5M2 : __NV_E4M3);
+// Two E4M3 codes (lo byte first) as an FP16 pair: exact.
+__device__ __forceinline__ uint32_t E4M3x2ToHalf2(uint32_t codes16) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes16), __NV_E4M3);
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
@@ -121,12 +121,10 @@ enum SideKind : uint32_t { kFp16Side, kE4M3Side, kE5M2Side, kNvfp4DimSide, kNvfp
 // shared memory per block, and with it the occupancy).
 constexpr uint32_t kDirectFp16 = 1u << 8;
 
-template <uint32_t kKind>
-constexpr uint32_t kRowBytes = kKind == kFp16Side ? 256 : kKind <= kE5M2Side ? 128 : 64;
-template <uint32_t kKind>
-constexpr uint32_t kMicroBytes = kKind >= kNvfp4DimSide ? 128 : 0;
-template <uint32_t kKind>
-constexpr uint32_t kSideBytes = 16 * kRowBytes<kKind> + kMicroBytes<kKind>;
+// Bytes of one token row of a side of `kind` (NVFP4 micro-scales, 128 bytes, follow the rows).
+__host__ __device__ constexpr uint32_t RowBytes(uint32_t kind) {
+  return kind == kFp16Side ? 256 : kind <= kE5M2Side ? 128 : 64;
+}
 
 // 32 FP8 codes (dims 32c..32c+31 of a row, in two uint4) as 16 FP16 pairs in the canonical K
 // order: pair r = 4m + q holds dims 8m + q and 8m + q + 4.
@@ -144,14 +142,14 @@ __device__ __forceinline__ void Fp8RowToCanonical(uint4 a, uint4 b, uint32_t h[1
 
 // Two E4M3 micro-scales (lo byte first) as an FP16 pair times 2^7: exact (at most 57344).
 __device__ __forceinline__ uint32_t MicroPair(uint32_t codes16) {
-  return Hmul2(Fp8x2ToHalf2(codes16, false), kHalf2Pow7);
+  return Hmul2(E4M3x2ToHalf2(codes16), kHalf2Pow7);
 }
 
 // K rows g and g + 8 of a staged side, dims 32c..32c+31, decoded to the canonical order
 // (NVFP4 times 2^-7); the FP32 scale is left out.
 template <uint32_t kKind>
 __device__ __forceinline__ void LoadKeys(const uint8_t* side, int g, int c, uint32_t k[2][16]) {
-  constexpr uint32_t kRow = kRowBytes<kKind>;
+  constexpr uint32_t kRow = RowBytes(kKind);
   const uint8_t* micro = side + 16 * kRow;
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
@@ -211,7 +209,7 @@ template <uint32_t kKind, bool kMasked = false>
 __device__ __forceinline__ void LoadValues(const uint8_t* side, int g, int c, uint32_t v[2][16],
                                            int valid = kDecodeBlockTokens) {
   static_assert(!kMasked || kKind == kFp16Side);
-  constexpr uint32_t kRow = kRowBytes<kKind>;
+  constexpr uint32_t kRow = RowBytes(kKind);
   const uint8_t* micro = side + 16 * kRow;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
@@ -395,7 +393,7 @@ __device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t e
 // Zeroes the V rows (and per-token micro-scales) of tokens valid..15 of a staged page, so that
 // whatever the cache holds past a sequence's end cannot reach the output. Rare: the last page.
 __device__ __noinline__ void ClearValuesPast(uint8_t* v_side, uint32_t kind, int valid, int lane) {
-  const uint32_t row = kind == kFp16Side ? 256 : kind <= kE5M2Side ? 128 : 64;
+  const uint32_t row = RowBytes(kind);
   for (uint32_t at = valid * row + 4 * lane; at < 16 * row; at += 128) {
     *reinterpret_cast<uint32_t*>(v_side + at) = 0;
   }
