@@ -5,8 +5,8 @@
 // block merges the four states at the end. Each warp streams its pages into shared memory
 // through its own cp.async ring (kStages deep; page-table entries are read 32 at a time, a batch
 // ahead) and handles one 16-token page per step with m16n8k16 tensor-core products (FP16 in,
-// FP32 accumulate). The query heads are the mma's N dimension, so that a GQA group of up to 8
-// wastes nothing and a page costs 16 mma:
+// FP32 accumulate). The query heads are the mma's N dimension, so that a GQA group of 8 fills it
+// (smaller groups leave columns, never rows, unused) and a page costs 16 mma:
 //   S^T = K Q^T:  A = K [16 tokens x 16 dims], B = Q^T [16 dims x 8 heads]  (8 k-steps)
 //   O^T += V^T P^T:  A = V^T [16 dims x 16 tokens], B = P^T [16 tokens x 8 heads]  (8 tiles)
 // P^T comes from S^T's accumulators by one movmatrix transpose per 8 tokens. Lane
@@ -21,8 +21,9 @@
 // unit of the output accumulator).
 //
 // Per page, the format's side kinds select compile-time layouts (DispatchSide); the running
-// maximum is allowed to lag by up to 2^8 so that most pages skip rescaling the accumulators
-// (the decision is per warp, and the maxima are reduced across lanes only when it is taken).
+// maximum is allowed to lag by up to 8 in log2 units (a factor of 2^8) so that most pages skip
+// rescaling the accumulators (the decision is per warp, and the maxima are reduced across lanes
+// only when it is taken).
 // In a palette with smaller formats, all-FP16 pages (the recent tokens) are read straight from
 // global memory, so that the shared memory per block, and the occupancy, follow the smaller
 // formats.
@@ -409,11 +410,12 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
   constexpr int kD = kDecodeHeadDim;
   constexpr int kRows = 8 * kTiles;
-  // The running maximum may lag the true one by up to 2^kLazy (logits are in log2 units), so
+  // The running maximum may lag the true one by up to kLazy (logits are in log2 units), so
   // that most pages skip rescaling the accumulators; probabilities stay below 2^kLazy in FP16.
   constexpr float kLazy = 8.f;
-  // The accumulator unit (a V scale) is replaced when a page's V scale exceeds it or falls
-  // below it by more than this factor (FP16 probabilities keep their precision in between).
+  // A page whose V scales all fall below the accumulator unit times this factor forces a
+  // rescale (FP16 probabilities keep their precision above it). Every rescale, whatever
+  // triggered it, makes the page's largest V scale the new unit.
   constexpr float kUnitFloor = 1.f / 1024.f;
   extern __shared__ __align__(16) uint8_t smem[];
 
@@ -811,7 +813,7 @@ cudaError_t RaiseSharedLimit() {
 }
 
 bool ValidShapes(const PagedDecodeParams& p) {
-  return p.batch >= 0 && p.num_kv_heads >= 1 && p.num_q_heads % p.num_kv_heads == 0 &&
+  return p.batch >= 0 && p.batch <= kDecodeMaxBatch && p.num_kv_heads >= 1 && p.num_q_heads % p.num_kv_heads == 0 &&
          p.num_q_heads / p.num_kv_heads >= 1 && p.num_q_heads / p.num_kv_heads <= kDecodeMaxGroup &&
          p.num_formats >= 1 && p.num_formats <= kDecodeMaxFormats;
 }

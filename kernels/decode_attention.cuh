@@ -13,9 +13,9 @@
 // Math (docs/attention.md): every stored value is decoded exactly to FP16 (FP8 codes, and NVFP4
 // E2M1 x E4M3 products, are all FP16 values); q is rounded to FP16; logits and P.V are tensor-
 // core products accumulated in FP32; the per-token and per-block FP32 scales are applied in
-// FP32 (to the logits for K, folded into the FP16 probabilities for V). Relative to the FP32
-// CPU reference (src/attention/reference_attention.h) on the same pages, outputs agree to about
-// 2e-3 relative L2 per head and the natural-log LSE to about 2e-3 absolute.
+// FP32 (to the logits for K, folded into the FP16 probabilities for V). The agreement with the
+// FP32 CPU reference (src/attention/reference_attention.h) on the same pages is stated and
+// tested in docs/attention.md.
 #ifndef KVTIER_KERNELS_DECODE_ATTENTION_CUH_
 #define KVTIER_KERNELS_DECODE_ATTENTION_CUH_
 
@@ -31,6 +31,7 @@ constexpr int kDecodeHeadDim = 128;     // the head_dim the kernel is built for
 constexpr int kDecodeBlockTokens = 16;  // tokens per page the kernel is built for
 constexpr int kDecodeMaxGroup = 16;     // query heads per KV head, at most
 constexpr int kDecodeMaxFormats = 8;    // palette entries (the packed table's 3 format bits)
+constexpr int kDecodeMaxBatch = 65535;  // sequences per launch (the grid's z dimension)
 
 // One palette format's pool in one layer.
 struct DecodePool {
@@ -62,7 +63,8 @@ struct PagedDecodeParams {
   // A staged page holds one KV head's data: [K rows][K micro-scales][V rows][V micro-scales],
   // then 16 K and 16 V FP32 scales at `scales_at`.
   struct FormatPlan {
-    uint32_t kinds = 0;  // K SideKind | V SideKind << 3 | K per token << 6 | V per token << 7
+    // K SideKind | V SideKind << 3 | K per token << 6 | V per token << 7 | read directly << 8
+    uint32_t kinds = 0;
     uint32_t v_at = 0;   // offset of V's rows in a staged page
     uint32_t src[4]{};   // page offsets of head 0's K rows, V rows, K micro, V micro
     uint32_t scale_src[2]{};    // page offset of head 0's first K / V FP32 scale

@@ -1,6 +1,7 @@
 // PreparedDecode on the CPU backend: a prepared step gives the results of the step's tables on
 // every layer, and bad tables, spans and caches are refused with InvalidArgument.
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -23,8 +24,8 @@ Options TestOptions(const std::vector<std::string>& palette) {
   return PaletteOptions(Geometry{2, 2, 32, 16}, palette, 8);
 }
 
-// Sequences of `lengths` random tokens (0: empty) in every layer; the first block of each demoted to the
-// palette's last format when it is full, so the batch mixes formats.
+// Sequences of `lengths` random tokens (0: empty) in every layer; the first block of each is
+// demoted to the palette's last format when it is full, so the batch mixes formats.
 std::vector<SequenceId> WriteBatch(Cache& cache, const std::vector<int64_t>& lengths) {
   const Geometry& g = cache.options().geometry;
   std::vector<SequenceId> seqs;
@@ -36,14 +37,16 @@ std::vector<SequenceId> WriteBatch(Cache& cache, const std::vector<int64_t>& len
     EXPECT_TRUE(cache.Append(seq, lengths[i], &slots).ok());
     const size_t n = static_cast<size_t>(lengths[i]) * g.num_kv_heads * g.head_dim;
     for (int32_t layer = 0; layer < g.num_layers; ++layer) {
-      const std::vector<uint16_t> k = RandomHalves(n, 10 * i + layer), v = RandomHalves(n, 10 * i + layer + 5);
-      EXPECT_TRUE(cache.WriteKV(layer, slots,
-                                KVInput{DType::kFloat16, k.data(), v.data(), lengths[i], g.num_kv_heads, g.head_dim})
-                      .ok());
+      const uint32_t seed = static_cast<uint32_t>(10 * i + layer);
+      const std::vector<uint16_t> k = RandomHalves(n, seed), v = RandomHalves(n, seed + 5);
+      const KVInput input{DType::kFloat16, k.data(), v.data(), lengths[i], g.num_kv_heads,
+                          g.head_dim};
+      EXPECT_TRUE(cache.WriteKV(layer, slots, input).ok());
     }
     if (lengths[i] >= g.block_tokens) {
       const BlockId first = (*cache.SequenceBlocks(seq))[0];
-      EXPECT_TRUE(cache.Demote({first}, static_cast<int32_t>(cache.options().palette.size()) - 1).ok());
+      const int32_t coldest = static_cast<int32_t>(cache.options().palette.size()) - 1;
+      EXPECT_TRUE(cache.Demote({first}, coldest).ok());
     }
   }
   EXPECT_TRUE(cache.EndStep().ok());
@@ -80,7 +83,9 @@ TEST(PreparedDecodeTest, RefusesBadTablesSpansAndCaches) {
   const std::vector<SequenceId> seqs = WriteBatch(*cache, {40, 20});
   PageTables tables;
   ASSERT_TRUE(cache->BuildPageTables(seqs, &tables).ok());
-  auto invalid = [](const absl::Status& s) { return s.code() == absl::StatusCode::kInvalidArgument; };
+  auto invalid = [](const absl::Status& s) {
+    return s.code() == absl::StatusCode::kInvalidArgument;
+  };
 
   PageTables bad = tables;
   bad.packed[1] = PackPage(5, 0);  // a format outside the palette
@@ -89,19 +94,33 @@ TEST(PreparedDecodeTest, RefusesBadTablesSpansAndCaches) {
   bad.seq_lens[1] = 40;  // 3 pages for 2
   EXPECT_TRUE(invalid(PreparedDecode::Create(*cache, bad).status()));
 
-  const absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(*cache, tables);
+  absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(*cache, tables);
   ASSERT_TRUE(step.ok()) << step.status();
   const std::vector<float> q = RandomFloats(2 * kQHeads * 32, 4);
-  Outputs one(1);
-  EXPECT_TRUE(invalid(DecodeAttention(*cache, 0, *step,
-                                      DecodeQueries{absl::MakeConstSpan(q).subspan(0, kQHeads * 32), kQHeads, 1.f},
-                                      one.View())));  // spans for 1 sequence, the step has 2
-  Outputs two(2);
-  EXPECT_FALSE(DecodeAttention(*cache, 2, *step, DecodeQueries{q, kQHeads, 1.f}, two.View()).ok());  // no layer 2
+  const DecodeQueries queries{q, kQHeads, 1.f};
+  Outputs one(1), two(2);
+  const DecodeQueries one_query{absl::MakeConstSpan(q).subspan(0, kQHeads * 32), kQHeads, 1.f};
+  EXPECT_TRUE(invalid(DecodeAttention(*cache, 0, *step, one_query, one.View())));  // 2 in the step
+  EXPECT_TRUE(invalid(DecodeAttention(*cache, 2, *step, queries, two.View())));    // no layer 2
 
   // Another cache, even of the same options: the step's pages do not describe it.
   auto other = MustCreate(TestOptions({"fp16", "fp8_e4m3/block_head"}));
-  EXPECT_TRUE(invalid(DecodeAttention(*other, 0, *step, DecodeQueries{q, kQHeads, 1.f}, two.View())));
+  EXPECT_TRUE(invalid(DecodeAttention(*other, 0, *step, queries, two.View())));
+
+  // A page past the end of a pool: the step is made, each layer's call refuses it.
+  bad = tables;
+  const int64_t capacity = (*cache).GetPool(0, 0)->capacity_pages;
+  bad.packed[0] = PackPage(0, static_cast<uint32_t>(capacity));
+  absl::StatusOr<PreparedDecode> outside = PreparedDecode::Create(*cache, bad);
+  ASSERT_TRUE(outside.ok()) << outside.status();
+  EXPECT_TRUE(invalid(DecodeAttention(*cache, 0, *outside, queries, two.View())));
+
+  // A moved-from step.
+  PreparedDecode taken = std::move(*step);
+  EXPECT_EQ(step->batch(), 0);  // NOLINT(bugprone-use-after-move): the moved-from state
+  EXPECT_EQ(DecodeAttention(*cache, 0, *step, queries, two.View()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(DecodeAttention(*cache, 0, taken, queries, two.View()).ok());
 }
 
 }  // namespace

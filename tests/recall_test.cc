@@ -222,7 +222,9 @@ TEST(RecallArmsTest, ColdArmsDemoteEveryFullBlockAndKeepTheTailHot) {
     EXPECT_EQ(r.compute_rel_error, 0.0) << arm.name;  // CPU: paged == dense on the same pages
     ASSERT_EQ(r.block_formats.size(), 63u) << arm.name;   // 62 full blocks and the tail
     EXPECT_EQ(r.block_formats.back(), 0) << arm.name;     // the tail stays hot
-    if (arm.name != "fp16") EXPECT_GT(r.block_formats[10], 0) << arm.name;
+    if (arm.name != "fp16") {
+      EXPECT_GT(r.block_formats[10], 0) << arm.name;
+    }
     if (arm.name == "fp16") {
       EXPECT_DOUBLE_EQ(r.bits_per_element, 16.0);
     } else if (arm.name == "policy:balanced") {  // 1000 tokens: sinks and the last 256 hot, FP8

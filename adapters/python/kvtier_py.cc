@@ -392,7 +392,13 @@ PyCache& Self(const py::object& self) { return self.cast<PyCache&>(); }
 // `batch` as page tables: a PageTables as is, or a list of SequenceId built into `built`.
 const PageTables& TablesOf(const PyCache& c, const py::object& batch, PageTables* built) {
   if (py::isinstance<PageTables>(batch)) return batch.cast<const PageTables&>();
-  Check((*c).BuildPageTables(batch.cast<std::vector<SequenceId>>(), built));
+  std::vector<SequenceId> seqs;
+  try {
+    seqs = batch.cast<std::vector<SequenceId>>();
+  } catch (const py::cast_error&) {
+    throw py::type_error("batch must be a PreparedDecode, PageTables or a list of SequenceId");
+  }
+  Check((*c).BuildPageTables(seqs, built));
   return *built;
 }
 
@@ -804,7 +810,9 @@ PYBIND11_MODULE(kvtier, m) {
            "checked and, on the CUDA backend, copied to the device on `stream` (a raw "
            "cudaStream_t, e.g. torch.cuda.current_stream().cuda_stream; 0 for the default "
            "stream). `batch` is a PageTables or a list of SequenceId. Valid until the cache "
-           "changes (append, demote, end_step).")
+           "changes (append, demote, end_step). Run the step's decode_attention calls on the "
+           "same stream (or order their streams after it), and drop the step only after them: "
+           "its device copy is freed on `stream`.")
       .def("decode_attention",
            [](const PyCache& c, int32_t layer, const py::object& batch, const py::object& q,
               const py::object& out, const py::object& lse, std::optional<float> softmax_scale,

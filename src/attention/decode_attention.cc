@@ -42,7 +42,7 @@ PreparedDecode::PreparedDecode(PreparedDecode&&) noexcept = default;
 PreparedDecode& PreparedDecode::operator=(PreparedDecode&&) noexcept = default;
 PreparedDecode::~PreparedDecode() = default;
 
-int64_t PreparedDecode::batch() const { return rep_->extent.batch; }
+int64_t PreparedDecode::batch() const { return rep_ == nullptr ? 0 : rep_->extent.batch; }
 
 absl::StatusOr<PreparedDecode> PreparedDecode::Create(const Cache& cache, const PageTables& tables,
                                                       const DeviceLaunch& launch) {
@@ -68,12 +68,15 @@ absl::StatusOr<PreparedDecode> PreparedDecode::Create(const Cache& cache, const 
 absl::Status DecodeAttention(const Cache& cache, int32_t layer, const PreparedDecode& step,
                              const DecodeQueries& queries, const DecodeOutputs& outputs,
                              const DeviceLaunch& launch) {
+  if (step.rep_ == nullptr) return absl::FailedPreconditionError("the step was moved from");
   const PreparedDecode::Rep& rep = *step.rep_;
   if (rep.cache != &cache) {
     return absl::InvalidArgumentError("the step was prepared for another cache");
   }
   KVTIER_ASSIGN_OR_RETURN(const PagedLayer kv, GetPagedLayer(cache, layer));
-  if (rep.backend == BackendKind::kCpu) return PagedDecodeAttention(kv, rep.tables, queries, outputs);
+  if (rep.backend == BackendKind::kCpu) {
+    return PagedDecodeAttention(kv, rep.tables, queries, outputs);
+  }
 #if KVTIER_WITH_CUDA
   return CudaDecodeAttention(kv, *rep.device, rep.extent, queries, outputs, launch);
 #else

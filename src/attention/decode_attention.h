@@ -41,11 +41,14 @@ KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
 
 // A decode step's page tables made ready once for every layer's DecodeAttention of that step:
 // checked against the cache's palette (CheckPageTables) and, on the CUDA backend, copied to the
-// device on launch.stream. An engine makes one per step after BuildPageTables and passes it to
-// each layer's call, which then does no per-page host work and no copy. Valid, like the tables,
-// until the cache changes (Append, Demote, EndStep). Move-only. On the CUDA backend its device
-// copy is freed on launch.stream when it is destroyed: destroy it after the step's attention is
-// enqueued on that stream (or has finished, for other streams).
+// device on launch.stream (Create does not synchronize). An engine makes one per step after
+// BuildPageTables and passes it to each layer's call, which on CUDA then does no per-page host
+// work and no copy. Valid, like the tables, until the cache changes (Append, Demote, EndStep):
+// a stale step is not detected, only pages outside the pools are. Move-only.
+// REQUIRES (CUDA): the attention calls run on Create's stream or on streams ordered after the
+// upload (e.g. by an event the caller records on Create's stream), and the step is destroyed
+// after them, or once they have finished when they run on other streams: its device copy is
+// freed on Create's stream when it is destroyed.
 // Thread-safety: const methods may be called concurrently.
 class KVTIER_EXPORT PreparedDecode {
  public:
@@ -57,7 +60,7 @@ class KVTIER_EXPORT PreparedDecode {
   PreparedDecode& operator=(PreparedDecode&&) noexcept;
   ~PreparedDecode();
 
-  int64_t batch() const;  // sequences in the step
+  int64_t batch() const;  // sequences in the step; 0 when moved from
 
  private:
   struct Rep;
@@ -71,7 +74,7 @@ class KVTIER_EXPORT PreparedDecode {
 // DecodeAttention over a prepared step: the same results as with the step's PageTables.
 // InvalidArgument for a cache other than the one the step was prepared for, when a page of the
 // step is outside this layer's pools, for spans not shaped for step.batch() sequences, and as
-// the table overload otherwise.
+// the table overload otherwise; FailedPrecondition for a moved-from step.
 KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
                                            const PreparedDecode& step, const DecodeQueries& queries,
                                            const DecodeOutputs& outputs,

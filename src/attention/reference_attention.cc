@@ -204,7 +204,8 @@ absl::StatusOr<TableExtent> CheckPageTables(const PageTables& tables, int32_t bl
         " sequences and ", tables.packed.size(), " packed pages"));
   }
   if (block_tokens < 1 || palette_size == 0) {
-    return absl::InvalidArgumentError("the paged layer has no formats or block_tokens < 1");
+    return absl::InvalidArgumentError(
+        absl::StrCat("an empty palette or block_tokens ", block_tokens, " < 1"));
   }
   TableExtent extent;
   extent.batch = batch;
@@ -233,13 +234,17 @@ absl::StatusOr<TableExtent> CheckPageTables(const PageTables& tables, int32_t bl
 absl::Status CheckDecodeCall(const PagedLayer& kv, const TableExtent& extent,
                              const DecodeQueries& queries, const DecodeOutputs& outputs) {
   if (extent.max_page.size() != kv.formats.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("the tables were checked for a palette of ",
-                                                   extent.max_page.size(), " formats, the layer has ",
-                                                   kv.formats.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the tables were checked for a palette of ", extent.max_page.size(),
+                     " formats, the layer has ", kv.formats.size()));
   }
   for (size_t f = 0; f < kv.formats.size(); ++f) {
-    if (extent.max_page[f] >= 0 &&
-        (extent.max_page[f] >= kv.formats[f].capacity_pages || kv.formats[f].base == nullptr)) {
+    if (extent.max_page[f] < 0) continue;
+    if (kv.formats[f].base == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the tables name pages of format ", f, ", whose pool is not mapped"));
+    }
+    if (extent.max_page[f] >= kv.formats[f].capacity_pages) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the tables name page ", extent.max_page[f], " of format ", f, ", outside its pool of ",
           kv.formats[f].capacity_pages, " pages"));

@@ -101,6 +101,11 @@ absl::Status CudaDecodeAttention(const PagedLayer& kv, const CudaDecodeTables& t
   if (!outputs.logits.empty()) {
     return absl::InvalidArgumentError("the fused decode kernel does not return logits");
   }
+  if (extent.batch > gpu::kDecodeMaxBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a batch of ", extent.batch, " sequences; the fused decode kernel attends at ",
+                     "most ", gpu::kDecodeMaxBatch, " per call"));
+  }
   if (kv.formats.size() > static_cast<size_t>(gpu::kDecodeMaxFormats)) {
     return absl::InvalidArgumentError(absl::StrCat("a palette of ", kv.formats.size(),
                                                    " formats; the packed table names at most ",
