@@ -248,7 +248,8 @@ __device__ __forceinline__ void LoadValues(const uint8_t* side, int g, int c, ui
       const uint2 b = *reinterpret_cast<const uint2*>(rb + 8 * g);
       uint32_t scale[16];  // per dim t: the micro-scales of the two tokens
       if constexpr (kKind == kNvfp4DimSide) {
-        const uint32_t pair = MicroPair(micro[8 * t0 + g] | (static_cast<uint32_t>(micro[8 * t0 + 8 + g]) << 8));
+        const uint32_t pair =
+            MicroPair(micro[8 * t0 + g] | (static_cast<uint32_t>(micro[8 * t0 + 8 + g]) << 8));
 #pragma unroll
         for (int t = 0; t < 16; ++t) scale[t] = pair;
       } else {
@@ -374,8 +375,8 @@ __device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t e
                                           uint32_t dst, int lane) {
   const uint32_t format = entry >> kPackedFormatShift;
   const PagedDecodeParams::FormatPlan& plan = p.plans[format];
-  const uint8_t* page = p.pools[format].base +
-                        static_cast<uint64_t>(entry & kPackedPageMask) * p.pools[format].layout.page_bytes;
+  const uint8_t* page = p.pools[format].base + static_cast<uint64_t>(entry & kPackedPageMask) *
+                                                   p.pools[format].layout.page_bytes;
   if (!(plan.kinds & kDirectFp16)) {
     StageSideOf(plan, 0, dst, page, head, lane);
     StageSideOf(plan, 1, dst + plan.v_at, page, head, lane);
@@ -504,9 +505,10 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     const uint8_t* direct_k = nullptr;
     uint32_t direct_v = 0;
     if (direct) {
-      direct_k = p.pools[format].base +
-                 static_cast<uint64_t>(entry & kPackedPageMask) * p.pools[format].layout.page_bytes +
-                 plan.src[0] + kv_head * 4096;
+      direct_k =
+          p.pools[format].base +
+          static_cast<uint64_t>(entry & kPackedPageMask) * p.pools[format].layout.page_bytes +
+          plan.src[0] + kv_head * 4096;
       direct_v = plan.src[1] - plan.src[0];
     } else if (valid < kDecodeBlockTokens) {
       ClearValuesPast(v_side, (kinds >> 3) & 7, valid, lane);
@@ -613,7 +615,8 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
   __syncthreads();  // the rings are reused below
 
   float(*s_out)[kRows][kD] = reinterpret_cast<float(*)[kRows][kD]>(smem);
-  float(*s_m)[kRows] = reinterpret_cast<float(*)[kRows]>(smem + sizeof(float) * kWarps * kRows * kD);
+  float(*s_m)[kRows] =
+      reinterpret_cast<float(*)[kRows]>(smem + sizeof(float) * kWarps * kRows * kD);
   float(*s_l)[kRows] = s_m + kWarps;
 
   // This warp's state to shared memory.
@@ -634,6 +637,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
   __syncthreads();
 
   // Merge the warps: thread d takes dim d of every head of the group.
+  static_assert(kThreads == kDecodeHeadDim, "one thread per dim in the block merge");
   const int d = threadIdx.x;
   const bool split_kv = p.num_splits > 1;
   for (int row = 0; row < group; ++row) {
@@ -656,7 +660,9 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     if (split_kv) {
       const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
       p.workspace[(split * rows + out_row) * kD + d] = out;
-      if (d == 0) p.workspace[static_cast<int64_t>(p.num_splits) * rows * kD + split * rows + out_row] = lse;
+      if (d == 0) {
+        p.workspace[static_cast<int64_t>(p.num_splits) * rows * kD + split * rows + out_row] = lse;
+      }
     } else {
       p.out[out_row * kD + d] = out;
       if (d == 0) p.lse[out_row] = lse;
@@ -729,10 +735,6 @@ __global__ void __launch_bounds__(kMergeThreads) MergeStatesKernel(const MergeSt
   if (threadIdx.x == 0) p.lse[row] = nan ? NAN : total > 0.f ? m + logf(total) : -INFINITY;
 }
 
-}  // namespace
-
-namespace {
-
 bool AllFp16(const PageLayout& l) {
   return l.k.type == ElementType::kFp16 && l.v.type == ElementType::kFp16;
 }
@@ -761,18 +763,21 @@ bool PlanStaging(PagedDecodeParams& k) {
                             : c.type == ElementType::kFp8E5M2 ? kE5M2Side
                             : c.axis == MicroAxis::kHeadDim   ? kNvfp4DimSide
                                                               : kNvfp4TokenSide;
-      side_bytes[side] = direct ? 0 : l.tokens * c.row_bytes + (nvfp4 ? l.tokens * l.head_dim / kMicroBlock : 0);
+      side_bytes[side] =
+          direct ? 0 : l.tokens * c.row_bytes + (nvfp4 ? l.tokens * l.head_dim / kMicroBlock : 0);
       plan.src[side] = c.payload_offset;
       plan.src[2 + side] = nvfp4 ? c.micro_offset : 0;
       const bool scaled = c.type != ElementType::kFp16;
-      plan.scale_count[side] = !scaled ? 0 : PageScalesPerHead(CodecSpec{c.type, c.scope, c.axis}, l.tokens);
+      plan.scale_count[side] =
+          !scaled ? 0 : PageScalesPerHead(CodecSpec{c.type, c.scope, c.axis}, l.tokens);
       plan.scale_src[side] = plan.scale_count[side] > 0 ? l.ScaleOffset(c, 0, 0) : 0;
       plan.fill[side] = scaled ? tensor[side] : 1.f;
       plan.mul[side] = nvfp4 ? 128.f : 1.f;
       plan.kinds |= kind << (3 * side) | (plan.scale_count[side] == 16 ? 1u : 0u) << (6 + side);
     }
     plan.v_at = side_bytes[0];
-    k.stage_bytes = std::max<int32_t>(k.stage_bytes, (side_bytes[0] + side_bytes[1] + 15) / 16 * 16);
+    k.stage_bytes =
+        std::max<int32_t>(k.stage_bytes, (side_bytes[0] + side_bytes[1] + 15) / 16 * 16);
   }
   k.scales_at = k.stage_bytes;
   k.stage_bytes += 32 * sizeof(float);
@@ -790,7 +795,8 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const size_t group_rows = wide ? 16 : 8;
   const size_t ring = static_cast<size_t>(kWarps) * kStages * (k.stage_bytes + 4);
   const size_t merge = kWarps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
-  return {wide ? PagedDecodeKernel<2> : PagedDecodeKernel<1>, static_cast<int>(std::max(ring, merge))};
+  return {wide ? PagedDecodeKernel<2> : PagedDecodeKernel<1>,
+          static_cast<int>(std::max(ring, merge))};
 }
 
 // Raises the kernels' opt-in shared memory limit on the current device, once per device, to the
@@ -805,7 +811,8 @@ cudaError_t RaiseSharedLimit() {
   constexpr int kMostSmem =
       kWarps * kStages * (2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4 + 4);
   for (const auto f : {PagedDecodeKernel<1>, PagedDecodeKernel<2>}) {
-    const cudaError_t r = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kMostSmem);
+    const cudaError_t r =
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kMostSmem);
     if (r != cudaSuccess) return r;
   }
   raised.fetch_or(bit, std::memory_order_relaxed);
@@ -813,9 +820,10 @@ cudaError_t RaiseSharedLimit() {
 }
 
 bool ValidShapes(const PagedDecodeParams& p) {
-  return p.batch >= 0 && p.batch <= kDecodeMaxBatch && p.num_kv_heads >= 1 && p.num_q_heads % p.num_kv_heads == 0 &&
-         p.num_q_heads / p.num_kv_heads >= 1 && p.num_q_heads / p.num_kv_heads <= kDecodeMaxGroup &&
-         p.num_formats >= 1 && p.num_formats <= kDecodeMaxFormats;
+  return p.batch >= 0 && p.batch <= kDecodeMaxBatch && p.num_kv_heads >= 1 &&
+         p.num_q_heads % p.num_kv_heads == 0 && p.num_q_heads / p.num_kv_heads >= 1 &&
+         p.num_q_heads / p.num_kv_heads <= kDecodeMaxGroup && p.num_formats >= 1 &&
+         p.num_formats <= kDecodeMaxFormats;
 }
 
 }  // namespace
@@ -877,7 +885,8 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
 }
 
 cudaError_t LaunchMergeStates(const MergeStatesParams& p, cudaStream_t stream) {
-  if (p.rows < 0 || p.rows > INT32_MAX || p.parts < 1 || p.head_dim < 1) return cudaErrorInvalidValue;
+  if (p.rows < 0 || p.rows > INT32_MAX || p.parts < 1 || p.head_dim < 1)
+    return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
   MergeStatesKernel<<<static_cast<unsigned>(p.rows), kMergeThreads, 0, stream>>>(p);
   return cudaGetLastError();
