@@ -299,15 +299,14 @@ __device__ __forceinline__ float Exp2(float x) {
   return y;
 }
 
-__device__ __forceinline__ float SumOverG(float x) {  // over lanes with equal lane % 4
+// Max (kMax) or sum of x over the lanes with equal lane % 4, in each of them.
+template <bool kMax>
+__device__ __forceinline__ float ReduceOverG(float x) {
 #pragma unroll
-  for (int d = 4; d < 32; d *= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, d);
-  return x;
-}
-
-__device__ __forceinline__ float MaxOverG(float x) {
-#pragma unroll
-  for (int d = 4; d < 32; d *= 2) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, d));
+  for (int d = 4; d < 32; d *= 2) {
+    const float y = __shfl_xor_sync(0xFFFFFFFFu, x, d);
+    x = kMax ? fmaxf(x, y) : x + y;
+  }
   return x;
 }
 
@@ -565,14 +564,14 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     rescale |= lane_unit > unit && lane_unit < INFINITY;
     const bool below = !(lane_unit >= unit * kUnitFloor);
     if (__any_sync(0xFFFFFFFFu, rescale) || __all_sync(0xFFFFFFFFu, below)) {
-      const float page_unit = MaxOverG(lane_unit);
+      const float page_unit = ReduceOverG<true>(lane_unit);
       const float new_unit = page_unit > 1e-30f && page_unit < INFINITY ? page_unit : unit;
       const float unit_ratio = unit / new_unit;
       unit = new_unit;
       inv_unit = 1.f / new_unit;
 #pragma unroll
       for (int h = 0; h < 2 * kTiles; ++h) {
-        const float m_page = MaxOverG(fmaxf(s[h / 2][h % 2], s[h / 2][2 + h % 2]));
+        const float m_page = ReduceOverG<true>(fmaxf(s[h / 2][h % 2], s[h / 2][2 + h % 2]));
         const float m_new = fmaxf(m_run[h], m_page);
         const float alpha = Exp2(m_run[h] - m_new);  // 0 for the first page (m_run = -inf)
         m_run[h] = m_new;
@@ -623,7 +622,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
 #pragma unroll
   for (int h = 0; h < 2 * kTiles; ++h) {
     const int row = 8 * (h / 2) + 2 * c + h % 2;
-    const float l_sum = SumOverG(l_run[h]);
+    const float l_sum = ReduceOverG<false>(l_run[h]);
     if (g == 0) {
       s_m[warp][row] = m_run[h];
       s_l[warp][row] = l_sum;

@@ -29,7 +29,6 @@ absl::Status DecodeAttention(const Cache& cache, int32_t layer, const PageTables
 
 struct PreparedDecode::Rep {
   const Cache* cache;  // the cache the step was prepared for
-  BackendKind backend;
   TableExtent extent;
   PageTables tables;  // CPU backend: the step's tables
 #if KVTIER_WITH_CUDA
@@ -49,10 +48,9 @@ absl::StatusOr<PreparedDecode> PreparedDecode::Create(const Cache& cache, const 
   const Options& options = cache.options();
   auto rep = std::make_unique<Rep>();
   rep->cache = &cache;
-  rep->backend = options.backend;
   KVTIER_ASSIGN_OR_RETURN(rep->extent, CheckPageTables(tables, options.geometry.block_tokens,
                                                        options.palette.size()));
-  if (rep->backend == BackendKind::kCpu) {
+  if (options.backend == BackendKind::kCpu) {
     rep->tables = tables;
     return PreparedDecode(std::move(rep));
   }
@@ -74,7 +72,7 @@ absl::Status DecodeAttention(const Cache& cache, int32_t layer, const PreparedDe
     return absl::InvalidArgumentError("the step was prepared for another cache");
   }
   KVTIER_ASSIGN_OR_RETURN(const PagedLayer kv, GetPagedLayer(cache, layer));
-  if (rep.backend == BackendKind::kCpu) {
+  if (cache.options().backend == BackendKind::kCpu) {
     return PagedDecodeAttention(kv, rep.tables, queries, outputs);
   }
 #if KVTIER_WITH_CUDA

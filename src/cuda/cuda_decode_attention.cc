@@ -46,6 +46,83 @@ absl::Status Finish(cudaStream_t stream, const DeviceLaunch& launch) {
   return absl::OkStatus();
 }
 
+// CheckDecodeCall, and what the fused kernel reads (InvalidArgument with the reason otherwise).
+absl::Status CheckFusedCall(const PagedLayer& kv, const TableExtent& extent,
+                            const DecodeQueries& queries, const DecodeOutputs& outputs) {
+  KVTIER_RETURN_IF_ERROR(CheckDecodeCall(kv, extent, queries, outputs));
+  const int32_t group = queries.num_q_heads / kv.num_kv_heads;
+  if (kv.head_dim != gpu::kDecodeHeadDim || kv.block_tokens != gpu::kDecodeBlockTokens ||
+      group > gpu::kDecodeMaxGroup) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the fused decode kernel reads head_dim ", gpu::kDecodeHeadDim, ", pages of ",
+        gpu::kDecodeBlockTokens, " tokens and GQA groups up to ", gpu::kDecodeMaxGroup,
+        "; this cache has head_dim ", kv.head_dim, ", ", kv.block_tokens,
+        "-token pages and the queries a group of ", group));
+  }
+  if (!outputs.logits.empty()) {
+    return absl::InvalidArgumentError("the fused decode kernel does not return logits");
+  }
+  if (extent.batch > gpu::kDecodeMaxBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a batch of ", extent.batch, " sequences; the fused decode kernel attends at ",
+                     "most ", gpu::kDecodeMaxBatch, " per call"));
+  }
+  if (kv.formats.size() > static_cast<size_t>(gpu::kDecodeMaxFormats)) {
+    return absl::InvalidArgumentError(absl::StrCat("a palette of ", kv.formats.size(),
+                                                   " formats; the packed table names at most ",
+                                                   gpu::kDecodeMaxFormats));
+  }
+  for (size_t f = 0; f < kv.formats.size(); ++f) {
+    const PageLayout& layout = kv.formats[f].layout;
+    if (layout.k.type == ElementType::kBf16 || layout.v.type == ElementType::kBf16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "palette format ", f, " stores BF16, which the fused decode kernel does not read "
+          "(use an FP16 hot format)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Launches the fused kernel over device tables. REQUIRES: CheckFusedCall is OK.
+absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
+                         const TableExtent& extent, const DecodeQueries& queries,
+                         const DecodeOutputs& outputs, const DeviceLaunch& launch) {
+  gpu::PagedDecodeParams p;
+  for (size_t f = 0; f < kv.formats.size(); ++f) {
+    const PagedLayer::Format& format = kv.formats[f];
+    p.pools[f] = {format.base, format.layout, format.k_tensor_scale, format.v_tensor_scale};
+  }
+  p.num_formats = static_cast<int32_t>(kv.formats.size());
+  const int32_t batch = static_cast<int32_t>(extent.batch);
+  int device = 0, sms = 0;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  p.batch = batch;
+  p.num_q_heads = queries.num_q_heads;
+  p.num_kv_heads = kv.num_kv_heads;
+  gpu::DecodeSplit split;
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::ChooseDecodeSplit(p, extent.max_pages, sms, &split));
+
+  const auto stream = static_cast<cudaStream_t>(launch.stream);
+  StreamBuffers buffers(stream);
+  p.packed_indptr = tables.packed_indptr();
+  p.packed = tables.packed();
+  p.seq_lens = tables.seq_lens();
+  p.softmax_scale = queries.softmax_scale;
+  p.q = queries.q.data();
+  p.out = outputs.out.data();
+  p.lse = outputs.lse.data();
+  p.num_splits = split.num_splits;
+  p.pages_per_split = split.pages_per_split;
+  const int64_t workspace =
+      gpu::DecodeWorkspaceFloats(batch, queries.num_q_heads, split.num_splits);
+  if (workspace > 0) {
+    KVTIER_ASSIGN_OR_RETURN(p.workspace, buffers.Allocate<float>(static_cast<size_t>(workspace)));
+  }
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchPagedDecode(p, stream));
+  return Finish(stream, launch);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaDecodeTables>> CudaDecodeTables::Upload(
@@ -79,77 +156,17 @@ absl::Status CudaDecodeAttention(const PagedLayer& kv, const PageTables& tables,
                                  const DeviceLaunch& launch) {
   KVTIER_ASSIGN_OR_RETURN(const TableExtent extent,
                           CheckPageTables(tables, kv.block_tokens, kv.formats.size()));
-  KVTIER_RETURN_IF_ERROR(CheckDecodeCall(kv, extent, queries, outputs));
+  KVTIER_RETURN_IF_ERROR(CheckFusedCall(kv, extent, queries, outputs));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<CudaDecodeTables> device,
                           CudaDecodeTables::Upload(tables, launch.stream));
-  return CudaDecodeAttention(kv, *device, extent, queries, outputs, launch);
+  return LaunchFused(kv, *device, extent, queries, outputs, launch);
 }
 
 absl::Status CudaDecodeAttention(const PagedLayer& kv, const CudaDecodeTables& tables,
                                  const TableExtent& extent, const DecodeQueries& queries,
                                  const DecodeOutputs& outputs, const DeviceLaunch& launch) {
-  KVTIER_RETURN_IF_ERROR(CheckDecodeCall(kv, extent, queries, outputs));
-  const int32_t group = queries.num_q_heads / kv.num_kv_heads;
-  if (kv.head_dim != gpu::kDecodeHeadDim || kv.block_tokens != gpu::kDecodeBlockTokens ||
-      group > gpu::kDecodeMaxGroup) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the fused decode kernel reads head_dim ", gpu::kDecodeHeadDim, ", pages of ",
-        gpu::kDecodeBlockTokens, " tokens and GQA groups up to ", gpu::kDecodeMaxGroup,
-        "; this cache has head_dim ", kv.head_dim, ", ", kv.block_tokens,
-        "-token pages and the queries a group of ", group));
-  }
-  if (!outputs.logits.empty()) {
-    return absl::InvalidArgumentError("the fused decode kernel does not return logits");
-  }
-  if (extent.batch > gpu::kDecodeMaxBatch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a batch of ", extent.batch, " sequences; the fused decode kernel attends at ",
-                     "most ", gpu::kDecodeMaxBatch, " per call"));
-  }
-  if (kv.formats.size() > static_cast<size_t>(gpu::kDecodeMaxFormats)) {
-    return absl::InvalidArgumentError(absl::StrCat("a palette of ", kv.formats.size(),
-                                                   " formats; the packed table names at most ",
-                                                   gpu::kDecodeMaxFormats));
-  }
-  gpu::PagedDecodeParams p;
-  for (size_t f = 0; f < kv.formats.size(); ++f) {
-    const PagedLayer::Format& format = kv.formats[f];
-    if (format.layout.k.type == ElementType::kBf16 || format.layout.v.type == ElementType::kBf16) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "palette format ", f, " stores BF16, which the fused decode kernel does not read "
-          "(use an FP16 hot format)"));
-    }
-    p.pools[f] = {format.base, format.layout, format.k_tensor_scale, format.v_tensor_scale};
-  }
-  p.num_formats = static_cast<int32_t>(kv.formats.size());
-  const int32_t batch = static_cast<int32_t>(extent.batch);
-  int device = 0, sms = 0;
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  p.batch = batch;
-  p.num_q_heads = queries.num_q_heads;
-  p.num_kv_heads = kv.num_kv_heads;
-  gpu::DecodeSplit split;
-  KVTIER_CUDA_RETURN_IF_ERROR(gpu::ChooseDecodeSplit(p, extent.max_pages, sms, &split));
-
-  const auto stream = static_cast<cudaStream_t>(launch.stream);
-  StreamBuffers buffers(stream);
-  p.packed_indptr = tables.packed_indptr();
-  p.packed = tables.packed();
-  p.seq_lens = tables.seq_lens();
-  p.softmax_scale = queries.softmax_scale;
-  p.q = queries.q.data();
-  p.out = outputs.out.data();
-  p.lse = outputs.lse.data();
-  p.num_splits = split.num_splits;
-  p.pages_per_split = split.pages_per_split;
-  const int64_t workspace =
-      gpu::DecodeWorkspaceFloats(batch, queries.num_q_heads, split.num_splits);
-  if (workspace > 0) {
-    KVTIER_ASSIGN_OR_RETURN(p.workspace, buffers.Allocate<float>(static_cast<size_t>(workspace)));
-  }
-  KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchPagedDecode(p, stream));
-  return Finish(stream, launch);
+  KVTIER_RETURN_IF_ERROR(CheckFusedCall(kv, extent, queries, outputs));
+  return LaunchFused(kv, tables, extent, queries, outputs, launch);
 }
 
 absl::Status CudaMergeStates(absl::Span<const float> out_a, absl::Span<const float> lse_a,
