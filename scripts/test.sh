@@ -2,14 +2,16 @@
 # Installs what is missing, then builds kvtier and runs every test:
 #   1. g++ RelWithDebInfo (CUDA code compiled when nvcc exists; GPU tests skip without a GPU):
 #      all unit tests, a real Prometheus server scraping `kvtier simulate`, the Python module's
-#      pytest suite, the demo, `kvtier recall --quick --json`, and the embedding example built
-#      against the installed CMake package and pkg-config file;
+#      pytest suite (the engine example's included: torch and transformers come from
+#      scripts/setup_python.sh), the demo, `kvtier recall --quick --json`, and the embedding
+#      example built against the installed CMake package and pkg-config file;
 #   2. g++ with AddressSanitizer + UndefinedBehaviorSanitizer: all unit tests;
 #   3. clang with -Wthread-safety as an error and ThreadSanitizer: all unit tests.
 # Build trees live under build-ci/ (removed first, so every run starts clean).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup_python.sh
 
 jobs=$(nproc)
 root=build-ci
@@ -31,7 +33,7 @@ mkdir -p "$root"
 configure_build_test release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX="$PWD/$root/prefix"
 
 step "release: Python module tests (pytest, CPU backend)"
-PYTHONPATH="$PWD/$root/release/python" KVTIER_PYTHON_REQUIRED=1 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
+PYTHONPATH="$PWD/$root/release/python" KVTIER_PYTHON_REQUIRED=1 KVTIER_ENGINE_REQUIRED=1 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
 
 step "release: demo"
 "$root/release/kvtier" demo

@@ -1,0 +1,12 @@
+"""kvtier_engine: a reference serving loop for a Llama model with kvtier as its only KV cache.
+
+See docs/engine.md. Modules: model (transformers' LlamaForCausalLM arithmetic, per layer),
+backends (kvtier's cache and the contiguous FP16 baseline), engine (continuous batching,
+prefix sharing, sampling).
+"""
+from .backends import ContiguousKV, KvtierKV, RequestError
+from .engine import Engine, Request, StepTimer, sample
+from .model import LLAMA8B_GEOMETRY, TINY, LlamaCompute, llama_config, random_llama
+
+__all__ = ["ContiguousKV", "Engine", "KvtierKV", "LLAMA8B_GEOMETRY", "LlamaCompute", "Request",
+           "RequestError", "StepTimer", "TINY", "llama_config", "random_llama", "sample"]

@@ -1,0 +1,259 @@
+"""A continuous-batching serving loop for a Llama model whose only KV cache is kvtier.
+
+    engine = Engine(LlamaCompute(model), kvtier.Cache(...))  # or backend=ContiguousKV(...)
+    rid = engine.submit(prompt_tokens, max_new_tokens=64)    # greedy; temperature/seed to sample
+    while engine.busy():
+        engine.step()                                        # admit + prefill, decode, EndStep
+    engine.results[rid].tokens
+
+Each step: waiting requests are admitted (up to `max_batch` running) and prefilled one by one:
+the cache attaches the longest cached prefix of the prompt (prefix sharing, AddSequence with
+the prompt's tokens), the rest of the prompt is appended with its token ids (so that its full
+blocks become shareable) and written layer by layer, prefill attention being transformers'
+SDPA over the cached prefix (read back from the cache) and the new tokens. Then every running
+request decodes one token: one AppendBatch for the batch, one PreparedDecode for every layer,
+kvtier's decode attention per layer, sampling, and EndStep (the precision policy). Requests
+that finish leave the batch; their blocks stay cached for later prompts.
+
+Errors: `submit` raises RequestError (a ValueError) for an empty prompt, a request the budget
+can never hold, or bad sampling arguments, and leaves everything else as it was. A decode step
+that finds the budget full preempts the most recently admitted request (released, and requeued
+with its generated tokens as part of its prompt).
+"""
+import contextlib
+import dataclasses
+import time
+
+import torch
+
+from .backends import KvtierKV, RequestError
+
+
+@dataclasses.dataclass
+class Request:
+    prompt: list
+    max_new_tokens: int
+    temperature: float = 0.0          # 0: greedy
+    top_k: int = 0                    # 0: the whole vocabulary
+    seed: int = 0                     # sampling seed (torch.Generator per request)
+    forced: list = None               # teacher forcing: feed these tokens instead of sampling
+    record_logits: bool = False       # keep each next-token distribution's logits (float32)
+    tokens: list = dataclasses.field(default_factory=list)
+    logits: list = dataclasses.field(default_factory=list)
+    cached_tokens: int = 0            # prompt tokens found in the cache at admission
+    preemptions: int = 0
+    done: bool = False
+    error: str = None                 # why the request failed after admission (out of memory)
+
+
+class StepTimer:
+    """Per-section wall time of engine steps. Disabled (the default) it costs a context manager
+    per call. Enabled, each section is bracketed by device synchronisations, so that its time is
+    its own host and device work; the step total minus the sections is the Python in between.
+    Thread-safety: none."""
+
+    SECTIONS = ("attention", "append", "page_tables", "policy", "model")
+
+    def __init__(self, device=None):
+        self.enabled = False
+        self.sync = (lambda: torch.cuda.synchronize(device)) if (
+            device is not None and torch.device(device).type == "cuda") else (lambda: None)
+        self.totals = dict.fromkeys(self.SECTIONS, 0.0)
+
+    @contextlib.contextmanager
+    def __call__(self, name):
+        if not self.enabled:
+            yield
+            return
+        self.sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.totals[name] += time.perf_counter() - start
+
+    def reset(self):
+        self.totals = dict.fromkeys(self.SECTIONS, 0.0)
+
+
+class Engine:
+    """The serving loop (see the module docstring). Thread-safety: none; one thread drives it."""
+
+    def __init__(self, model, cache=None, backend=None, max_batch=64, timer=None):
+        """REQUIRES: exactly one of `cache` (a kvtier.Cache for this model: same layer count,
+        KV heads and head_dim, else ValueError naming both) and `backend`."""
+        self.model = model
+        self.timer = timer or StepTimer(model.device)
+        if (cache is None) == (backend is None):
+            raise ValueError("give the engine a kvtier.Cache or a backend, not both or neither")
+        self.kv = backend if backend is not None else KvtierKV(cache, model, self.timer)
+        self.max_batch = max_batch
+        self.waiting = []   # request ids, in arrival order
+        self.running = {}   # request id -> cache handle, in admission order
+        self.results = {}   # request id -> Request
+        self._next_id = 0
+        self.steps = 0
+
+    # ---- Requests ----
+
+    def submit(self, prompt, max_new_tokens, temperature=0.0, top_k=0, seed=0, forced=None,
+               record_logits=False):
+        """Queues a request; returns its id. RequestError (nothing queued) for an empty prompt,
+        max_new_tokens < 1, a negative temperature, forced tokens fewer than max_new_tokens, or a
+        request longer than the budget can ever hold."""
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise RequestError("the prompt has 0 tokens: a request needs at least one")
+        if max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
+        if temperature < 0:
+            raise RequestError(f"temperature must be >= 0, not {temperature}")
+        if forced is not None and len(forced) < max_new_tokens:
+            raise RequestError("forced must hold max_new_tokens tokens")
+        vocab = self.model.config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        self.kv.check(len(prompt), max_new_tokens)
+        rid = self._next_id
+        self._next_id += 1
+        self.results[rid] = Request(prompt, max_new_tokens, temperature, top_k, seed,
+                                    list(forced) if forced is not None else None, record_logits)
+        self.waiting.append(rid)
+        return rid
+
+    def busy(self):
+        return bool(self.waiting or self.running)
+
+    def run(self):
+        """Steps until every request has finished; returns the results."""
+        while self.busy():
+            self.step()
+        return self.results
+
+    # ---- One step ----
+
+    @torch.inference_mode()
+    def step(self):
+        self._admit()
+        if self.running:
+            self._decode()
+        self.kv.end_step()
+        self.steps += 1
+
+    def _admit(self):
+        while self.waiting and len(self.running) < self.max_batch:
+            rid = self.waiting[0]
+            req = self.results[rid]
+            context = req.prompt + req.tokens  # a preempted request resumes after its tokens
+            try:
+                h, cached = self.kv.add(context)
+                try:
+                    last = self._prefill(h, context, cached)
+                except MemoryError:
+                    self.kv.release(h)
+                    raise
+            except MemoryError as e:
+                if self.running:
+                    return  # retried when running requests finish
+                self.waiting.pop(0)  # alone in the cache and still too large: it fails
+                req.error, req.done = f"does not fit the cache: {e}", True
+                continue
+            self.waiting.pop(0)
+            if not req.tokens:
+                req.cached_tokens = cached
+            self.running[rid] = h
+            self._emit(rid, last)
+
+    def _prefill(self, h, tokens, cached):
+        """Computes tokens[cached:] into the cache; returns the last position's logits [1, V]."""
+        m = self.model
+        new = tokens[cached:]
+        slots = self.kv.append([h], [len(new)], new)
+        with self.timer("model"):
+            ids = torch.tensor(new, device=m.device)
+            hidden = m.embed(ids)
+            rope = m.rope(hidden, torch.arange(cached, len(tokens), device=m.device))
+        for layer in range(m.num_layers):
+            with self.timer("model"):
+                q, k, v = m.qkv(layer, hidden, rope)
+            self.kv.write(layer, slots, k, v)
+            with self.timer("model"):
+                # Attend the chunk's K/V as the cache holds them in its hot format (FP16), so
+                # that a prompt gives the same result whether its prefix was cached or not.
+                k, v = k.to(torch.float16).to(m.dtype), v.to(torch.float16).to(m.dtype)
+                if cached:
+                    pk, pv = self.kv.prefix_kv(h, layer, cached)
+                    k, v = torch.cat([pk, k]), torch.cat([pv, v])
+                out = m.prefill_attention(layer, q, k, v, cached)
+                hidden = m.finish_layer(layer, hidden, out)
+        with self.timer("model"):
+            return m.logits(hidden[-1:])
+
+    def _decode(self):
+        m = self.model
+        rids = list(self.running)
+        while True:
+            handles = [self.running[r] for r in rids]
+            feed = [self.results[r].tokens[-1] for r in rids]
+            try:
+                slots = self.kv.append(handles, [1] * len(rids), feed)
+                break
+            except MemoryError:
+                if len(rids) == 1:
+                    raise
+                self._preempt(rids.pop())
+        step = self.kv.prepare(handles)
+        with self.timer("model"):
+            positions = torch.tensor(
+                [len(self.results[r].prompt) + len(self.results[r].tokens) - 1 for r in rids],
+                device=m.device)
+            hidden = m.embed(torch.tensor(feed, device=m.device))
+            rope = m.rope(hidden, positions)
+        for layer in range(m.num_layers):
+            with self.timer("model"):
+                q, k, v = m.qkv(layer, hidden, rope)
+            self.kv.write(layer, slots, k, v)
+            out = self.kv.attend(layer, step, q)
+            with self.timer("model"):
+                hidden = m.finish_layer(layer, hidden, out)
+        del step  # its device copy is freed on the stream, after this step's launches
+        with self.timer("model"):
+            logits = m.logits(hidden)
+        for i, rid in enumerate(rids):
+            self._emit(rid, logits[i:i + 1])
+
+    def _emit(self, rid, logits):
+        """Chooses request rid's next token from `logits` [1, V]; finishes it when done."""
+        req = self.results[rid]
+        if req.record_logits:
+            req.logits.append(logits[0].cpu())
+        if req.forced is not None:
+            token = req.forced[len(req.tokens)]
+        else:
+            token = sample(logits[0], req, len(req.tokens))
+        req.tokens.append(int(token))
+        if len(req.tokens) >= req.max_new_tokens:
+            req.done = True
+            self.kv.release(self.running.pop(rid))
+
+    def _preempt(self, rid):
+        req = self.results[rid]
+        req.preemptions += 1
+        self.kv.release(self.running.pop(rid))
+        self.waiting.insert(0, rid)
+
+
+def sample(logits, req, index):
+    """Greedy when req.temperature is 0; otherwise softmax(logits / temperature) over the top_k,
+    drawn with a generator seeded by (req.seed, index), so that a request's tokens depend only on
+    its seed and its logits, not on the batch it ran in."""
+    if req.temperature == 0:
+        return int(torch.argmax(logits))
+    scaled = logits.float() / req.temperature
+    if req.top_k:
+        kth = torch.topk(scaled, min(req.top_k, scaled.numel())).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1).cpu()
+    gen = torch.Generator().manual_seed(req.seed * 1000003 + index)
+    return int(torch.multinomial(probs, 1, generator=gen))

@@ -1,0 +1,195 @@
+"""The engine example (examples/engine, docs/engine.md) on the CPU backend: a 2-layer Llama at
+head_dim 128 decodes 64-token requests with kvtier as its only KV cache, and its greedy tokens
+with the FP16 palette equal transformers' generate() with its own cache; continuous batching,
+prefix sharing, a precision policy, seeded sampling, the K/V capture for `kvtier recall`, and
+the bad-input cases.
+
+Needs torch and transformers (scripts/setup_python.sh); skipped without them unless
+KVTIER_ENGINE_REQUIRED=1 (set by scripts/test.sh), where they are required.
+"""
+import os
+import pathlib
+import sys
+
+import pytest
+
+np = pytest.importorskip("numpy")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+if os.environ.get("KVTIER_ENGINE_REQUIRED") == "1":
+    import kvtier
+    import torch
+    import transformers  # noqa: F401
+else:
+    kvtier = pytest.importorskip("kvtier", reason="the kvtier module was not built")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+from transformers import AttentionInterface  # noqa: E402
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "examples" / "engine"))
+from kvtier_engine import (TINY, Engine, LlamaCompute, RequestError, llama_config,  # noqa: E402
+                           random_llama)
+from kvtier_engine.capture import capture_kv  # noqa: E402
+
+TOTAL = 64  # tokens per request, prompt included
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    return random_llama(llama_config(**TINY), seed=0)
+
+
+def make_cache(m, layers=None, budget=64 << 20, policy=None):
+    palette = None if policy else ["fp16"]
+    return kvtier.Cache(num_layers=layers or m.config.num_hidden_layers,
+                        num_kv_heads=m.config.num_key_value_heads, head_dim=128,
+                        budget_bytes=budget, palette=palette, policy=policy)
+
+
+def prompts(system_tokens=40, tails=(3, 9, 5), seed=1):
+    g = torch.Generator().manual_seed(seed)
+    system = torch.randint(0, 512, (system_tokens,), generator=g).tolist()
+    return [system + torch.randint(0, 512, (n,), generator=g).tolist() for n in tails]
+
+
+def fp16_kv_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention over K/V rounded to FP16, as the FP16 palette stores them."""
+    return sdpa_attention_forward(module, query, key.half().float(), value.half().float(),
+                                  attention_mask, **kwargs)
+
+
+AttentionInterface.register("fp16_kv_sdpa", fp16_kv_sdpa)
+
+
+def reference(model, prompt, new_tokens):
+    """transformers' generate() with its default cache, the float32 model attending K/V rounded
+    to FP16 (what the cache stores): (tokens, logits [new_tokens, V])."""
+    model.set_attn_implementation("fp16_kv_sdpa")
+    try:
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+    finally:
+        model.set_attn_implementation("sdpa")
+    return out.sequences[0, len(prompt):].tolist(), torch.stack([x[0] for x in out.logits])
+
+
+@torch.inference_mode()
+def no_cache_greedy(model, prompt, new_tokens):
+    """Greedy tokens from a full forward over the whole sequence at every step (no cache)."""
+    model.set_attn_implementation("fp16_kv_sdpa")
+    ids = list(prompt)
+    try:
+        for _ in range(new_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    finally:
+        model.set_attn_implementation("sdpa")
+    return ids[len(prompt):]
+
+
+def test_fp16_greedy_tokens_equal_transformers_generate(model):
+    cache = make_cache(model)
+    engine = Engine(LlamaCompute(model), cache, max_batch=2)  # the third request waits
+    ps = prompts()
+    ids = [engine.submit(p, TOTAL - len(p), record_logits=True) for p in ps]
+    engine.step()
+    engine.step()
+    late = prompts(tails=(2,), seed=5)[0][:11]  # joins mid-run
+    ids.append(engine.submit(late, TOTAL - len(late), record_logits=True))
+    ps.append(late)
+    assert len(engine.running) == 2 and engine.waiting == ids[2:]
+    engine.run()
+    for rid, p in zip(ids, ps):
+        want, want_logits = reference(model, p, TOTAL - len(p))
+        got = engine.results[rid]
+        assert got.tokens == want
+        # Same K/V values; only the attention arithmetic differs (kvtier's CPU reference).
+        assert float((torch.stack(got.logits) - want_logits).abs().max()) < 1e-4
+    # The second and third requests found the system prompt's two full blocks in the cache.
+    assert [engine.results[r].cached_tokens for r in ids] == [0, 32, 32, 0]
+    stats = cache.stats()
+    assert stats["prefix_hit_tokens"] == 64 and stats["sequences"] == 0
+    assert stats["steps"] == engine.steps
+    cache.check_consistency()
+
+
+def test_policy_runs_and_stays_close_to_fp16(model):
+    ps = prompts(tails=(8,))
+    base = Engine(LlamaCompute(model), make_cache(model))
+    rid = base.submit(ps[0], TOTAL - len(ps[0]), record_logits=True)
+    base.run()
+    fp16 = base.results[rid]
+    cache = make_cache(model, policy="fp8")  # FP16 for 16 tokens, then FP8 per (block, head)
+    engine = Engine(LlamaCompute(model), cache)
+    rid = engine.submit(ps[0], TOTAL - len(ps[0]), forced=fp16.tokens, record_logits=True)
+    engine.run()
+    stats = cache.stats()
+    assert stats["policy"] == "fp8" and sum(m["blocks"] for m in stats["migrations"]) > 0
+    got = torch.stack(engine.results[rid].logits)
+    want = torch.stack(fp16.logits)
+    agree = (got.argmax(-1) == want.argmax(-1)).float().mean()
+    kl = torch.nn.functional.kl_div(got.log_softmax(-1), want.log_softmax(-1), log_target=True,
+                                    reduction="none").sum(-1).mean()
+    assert agree >= 0.9 and float(kl) < 1e-2
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(model):
+    p = prompts(tails=(4,))[0]
+
+    def run(seed, companions):
+        engine = Engine(LlamaCompute(model), make_cache(model))
+        rid = engine.submit(p, 12, temperature=0.8, top_k=50, seed=seed)
+        for c in companions:
+            engine.submit(c, 12, temperature=1.0, seed=9)
+        engine.run()
+        return engine.results[rid].tokens
+
+    alone = run(3, [])
+    assert run(3, prompts(tails=(6, 2), seed=7)) == alone
+    assert run(4, []) != alone
+
+
+def test_bad_requests_are_refused_and_others_keep_running(model):
+    m = LlamaCompute(model)
+    cache = make_cache(model, budget=4 << 20)  # 2 slabs of 2 MiB: one per layer
+    engine = Engine(m, cache)
+    p = prompts(tails=(4,))[0]
+    rid = engine.submit(p, 20)
+    engine.step()
+    with pytest.raises(RequestError, match="0 tokens"):
+        engine.submit([], 5)
+    # An FP16 page here is 16 x 2 x 2 x 128 x 2 = 16 KiB: a 2 MiB slab holds 128 pages.
+    with pytest.raises(RequestError, match="more than the whole budget"):
+        engine.submit(p, 128 * 16)
+    with pytest.raises(RequestError, match=r"token ids must be in \[0, 512\)"):
+        engine.submit([512], 5)
+    with pytest.raises(ValueError, match="the model has 2 layers but the cache has 3"):
+        Engine(m, make_cache(model, layers=3))
+    with pytest.raises(ValueError, match="the model has 2 layers but the cache has 1"):
+        Engine(m, cache=make_cache(model, layers=1))
+    assert list(engine.running) == [rid] and not engine.waiting
+    engine.run()
+    want, _ = reference(model, p, 20)
+    assert engine.results[rid].tokens == want
+
+
+def test_a_full_cache_preempts_and_resumes(model):
+    cache = make_cache(model, budget=4 << 20)
+    engine = Engine(LlamaCompute(model), cache)
+    ps = prompts(system_tokens=0, tails=(1010, 1010))  # 2 x 65 pages > 128
+    ids = [engine.submit(p, 16) for p in ps]
+    engine.run()
+    assert sum(engine.results[r].preemptions for r in ids) >= 1
+    for rid, p in zip(ids, ps):
+        assert engine.results[rid].tokens == no_cache_greedy(model, p, 16)
+
+
+def test_capture_kv_for_kvtier_recall(model):
+    m = LlamaCompute(model)
+    p = prompts(system_tokens=0, tails=(40,))[0]
+    k, v = capture_kv(Engine(m, make_cache(model)), p)
+    assert k.shape == v.shape == (2, 32, 2, 128) and k.dtype == np.float32
+    # Layer 0's keys are the RoPE'd projections of the embeddings, as the cache stored them.
+    hidden = m.embed(torch.tensor(p[:32]))
+    _, want_k, _ = m.qkv(0, hidden, m.rope(hidden, torch.arange(32)))
+    np.testing.assert_array_equal(k[0], want_k.detach().half().float().numpy())
