@@ -1,14 +1,17 @@
-// The policy pass of CacheImpl::EndStep: ages the blocks of the sequences that grew since the
-// last step, and shrinks windows under memory pressure.
+// The precision side of CacheImpl: the policy pass of EndStep, which ages the blocks of the
+// sequences that grew since the last step and shrinks windows under memory pressure, and
+// demotion (explicit through Demote, or planned by the pass).
 //
 // Cost. Each sequence keeps, per tier k, a cursor: the number of its leading blocks already
 // considered for tier k. A tier-k boundary is crossed by the blocks between the cursor and
 // n_k = floor((length - bound_{k-1}) / block_tokens), so a step touches only the blocks that
 // change tier (plus, once per pressure transition, every live sequence).
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "src/cache_impl.h"
+#include "src/status_macros.h"
 
 namespace kvtier {
 
@@ -34,18 +37,28 @@ absl::Status CacheImpl::SetPolicy(const Policy& policy) {
   }
   MutexLock lock(&mu_);
   policy_ = std::move(active);
-  // Every live sequence is considered at the next step under the new rules.
-  for (uint32_t i = 0; i < sequences_.num_slots(); ++i) {
-    const Sequence& seq = sequences_.slot(i);
-    if (seq.generation != 0) MarkDirty(SequenceId{i, seq.generation}, *sequences_.Find({i, seq.generation}));
-  }
+  MarkAllDirty();  // every live sequence is considered at the next step under the new rules
   return absl::OkStatus();
+}
+
+absl::Status CacheImpl::EndStep() {
+  MutexLock lock(&mu_);
+  RunPolicy();
+  metrics_.steps += 1;
+  return pages_->EndStep();
 }
 
 void CacheImpl::MarkDirty(SequenceId id, Sequence& seq) {
   if (seq.dirty) return;
   seq.dirty = true;
   dirty_.push_back(id);
+}
+
+void CacheImpl::MarkAllDirty() {
+  for (uint32_t i = 0; i < sequences_.num_slots(); ++i) {
+    const uint32_t generation = sequences_.slot(i).generation;
+    if (generation != 0) MarkDirty(SequenceId{i, generation}, *sequences_.Find({i, generation}));
+  }
 }
 
 void CacheImpl::AgeSequence(Sequence& seq) {
@@ -65,7 +78,7 @@ void CacheImpl::AgeSequence(Sequence& seq) {
     for (int64_t i = std::max(seq.tier_cursor[k], n[k + 1]); i < n[k]; ++i) {
       if (i * s < p.sink_tokens) continue;  // sinks stay hot
       const uint32_t b = seq.blocks[i];
-      BlockMeta& m = blocks_[b];
+      BlockMeta& m = pool_[b];
       const int target = std::min<int>(p.tier_format[k], m.coldest_format);
       if (target <= m.format) continue;
       if (m.ref_count > 1) {  // shared: move once every sharer's age has crossed
@@ -81,24 +94,46 @@ void CacheImpl::AgeSequence(Sequence& seq) {
   }
 }
 
-void CacheImpl::RunPolicy() {
-  if (!policy_) return;
-  // Pressure: below the watermark windows shrink; they grow back above twice the watermark.
-  int64_t used = 0;
-  for (int f = 0; f < num_formats(); ++f) {
-    used += static_cast<int64_t>(pools_[f].used_pages()) * layouts_[f].page_bytes;
-  }
+void CacheImpl::UpdatePressure() {
+  // Below the watermark windows shrink; they grow back above twice the watermark.
   const double free_fraction =
-      1.0 - static_cast<double>(used) * options_.geometry.num_layers / options_.memory_budget_bytes;
+      1.0 - static_cast<double>(pages_->UsedBytes()) / options_.memory_budget_bytes;
   const bool pressure = under_pressure_ ? free_fraction < 2 * policy_->watermark
                                         : free_fraction < policy_->watermark;
   if (pressure != under_pressure_) {
     under_pressure_ = pressure;
-    for (uint32_t i = 0; i < sequences_.num_slots(); ++i) {
-      const uint32_t generation = sequences_.slot(i).generation;
-      if (generation != 0) MarkDirty(SequenceId{i, generation}, *sequences_.Find({i, generation}));
-    }
+    MarkAllDirty();
   }
+}
+
+void CacheImpl::DrainDemoteQueue(int format) {
+  std::vector<uint32_t>& queue = demote_queue_[format];
+  std::sort(queue.begin(), queue.end());
+  queue.erase(std::unique(queue.begin(), queue.end()), queue.end());
+  // A block queued twice, freed since, or already there is skipped.
+  queue.erase(std::remove_if(queue.begin(), queue.end(),
+                             [&](uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                               return pool_[b].state == BlockState::kFree ||
+                                      pool_[b].format >= format;
+                             }),
+              queue.end());
+  // Demote what fits, in chunks: each chunk's old pages free room for the next (at once on a
+  // synchronous backend). What finds no room stays queued for the next step.
+  size_t done = 0;
+  while (done < queue.size()) {
+    const size_t chunk = std::min<uint64_t>(queue.size() - done, pages_->RoomFor(format));
+    if (chunk == 0 || !DemoteLocked(absl::MakeConstSpan(queue).subspan(done, chunk), format).ok()) {
+      break;
+    }
+    done += chunk;
+  }
+  queue.erase(queue.begin(), queue.begin() + done);
+  metrics_.policy_demotion_failures += static_cast<int64_t>(queue.size());
+}
+
+void CacheImpl::RunPolicy() {
+  if (!policy_) return;
+  UpdatePressure();
   for (SequenceId id : dirty_) {
     Sequence* seq = sequences_.Find(id);
     if (seq == nullptr) continue;  // released since
@@ -106,28 +141,88 @@ void CacheImpl::RunPolicy() {
     AgeSequence(*seq);
   }
   dirty_.clear();
-  // Coldest target first; a block queued twice, or already there, is skipped.
-  for (int f = num_formats() - 1; f > 0; --f) {
-    std::vector<uint32_t>& queue = demote_queue_[f];
-    std::sort(queue.begin(), queue.end());
-    queue.erase(std::unique(queue.begin(), queue.end()), queue.end());
-    queue.erase(std::remove_if(queue.begin(), queue.end(),
-                               [&](uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                 return blocks_[b].state == BlockState::kFree ||
-                                        blocks_[b].format >= f;
-                               }),
-                queue.end());
-    // Demote what fits, in chunks: each chunk's old pages free room for the next (at once on
-    // a synchronous backend). What finds no room stays queued for the next step.
-    size_t done = 0;
-    while (done < queue.size()) {
-      const size_t chunk = std::min<uint64_t>(queue.size() - done, RoomFor(f));
-      if (chunk == 0 || !DemoteLocked(absl::MakeConstSpan(queue).subspan(done, chunk), f).ok()) break;
-      done += chunk;
-    }
-    queue.erase(queue.begin(), queue.begin() + done);
-    policy_demotion_failures_ += static_cast<int64_t>(queue.size());
+  for (int f = num_formats() - 1; f > 0; --f) DrainDemoteQueue(f);  // coldest target first
+}
+
+absl::Status CacheImpl::Demote(absl::Span<const BlockId> ids, int32_t format) {
+  if (format < 0 || format >= num_formats()) {
+    return absl::InvalidArgumentError(absl::StrCat("format ", format, " is outside the palette"));
   }
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!pool_.blocks().IsLive(ids[i])) {
+      return absl::NotFoundError(absl::StrCat("block ", ids[i].index, "/", ids[i].generation,
+                                              " is unknown or stale"));
+    }
+    const BlockMeta& b = pool_[ids[i].index];
+    if (b.format >= format) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block ", ids[i].index, " is in palette format ", int{b.format},
+          "; demotion moves blocks to a colder (higher) format, not ", format));
+    }
+    if (b.num_tokens != options_.geometry.block_tokens) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("block ", ids[i].index, " is partial; a sequence's tail stays hot"));
+    }
+    if (format > b.coldest_format) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "block ", ids[i].index, " is held by a request whose minimum precision is palette format ",
+          int{b.coldest_format}));
+    }
+  }
+  std::vector<uint32_t> indices;
+  indices.reserve(ids.size());
+  for (BlockId id : ids) indices.push_back(id.index);
+  std::vector<uint32_t> sorted = indices;
+  std::sort(sorted.begin(), sorted.end());
+  if (const auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("block ", *twice, " is listed twice"));
+  }
+  return DemoteLocked(indices, format);
+}
+
+absl::Status CacheImpl::DemoteLocked(absl::Span<const uint32_t> ids, int format) {
+  if (ids.empty()) return absl::OkStatus();
+  // Demotion never evicts cached prefixes to make room: it is what pressure does first.
+  KVTIER_RETURN_IF_ERROR(pool_.EnsureFreePages(format, static_cast<uint32_t>(ids.size()), false));
+  const auto started = std::chrono::steady_clock::now();
+  // One backend call per source format, so that each call reads one pool per layer.
+  for (int f = 0; f < format; ++f) {
+    // Blocks of earlier source formats are already demoted when a later one fails.
+    KVTIER_RETURN_IF_ERROR(DemoteFrom(f, ids, format));
+  }
+  metrics_.migration_seconds.Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  pages_->RetireSynchronous();
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::DemoteFrom(int from, absl::Span<const uint32_t> ids, int format) {
+  std::vector<uint32_t> blocks, src, dst;
+  for (uint32_t id : ids) {
+    if (pool_[id].format != from) continue;
+    blocks.push_back(id);
+    src.push_back(pool_[id].page);
+    dst.push_back(pages_->Allocate(format, id));
+  }
+  if (src.empty()) return absl::OkStatus();
+  std::vector<PoolView> from_views, to_views;
+  for (int l = 0; l < options_.geometry.num_layers; ++l) {
+    from_views.push_back(pages_->View(from, l));
+    to_views.push_back(pages_->View(format, l));
+  }
+  const absl::Status s = backend_->Requantize(from_views, to_views, src, dst);
+  if (!s.ok()) {
+    for (uint32_t page : dst) pages_->FreeNow(format, page);
+    return s;
+  }
+  const int64_t n = static_cast<int64_t>(src.size());
+  metrics_.CountMigration(from, format, n,
+                          n * options_.geometry.num_layers *
+                              (pages_->layout(from).page_bytes + pages_->layout(format).page_bytes));
+  if (under_pressure_) metrics_.demotions_under_pressure += n;
+  for (size_t i = 0; i < blocks.size(); ++i) pool_.MoveToPage(blocks[i], format, dst[i]);
+  return absl::OkStatus();
 }
 
 }  // namespace kvtier

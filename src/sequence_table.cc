@@ -1,6 +1,13 @@
 #include "src/sequence_table.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace kvtier {
+
+absl::Status UnknownSequence(SequenceId id) {
+  return absl::NotFoundError(
+      absl::StrCat("sequence ", id.index, "/", id.generation, " is unknown or released"));
+}
 
 SequenceId SequenceTable::Add() {
   uint32_t index;

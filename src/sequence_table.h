@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "kvtier/ids.h"
 
 namespace kvtier {
@@ -31,6 +32,9 @@ struct Sequence {
   std::array<int64_t, 8> tier_cursor{};
   bool dirty = false;
 };
+
+// NotFound naming `id`: the error of every call given an unknown or released sequence.
+absl::Status UnknownSequence(SequenceId id);
 
 class SequenceTable {
  public:

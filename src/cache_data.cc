@@ -1,0 +1,166 @@
+// The data plane of CacheImpl: K/V written into and read out of pages, page tables for
+// attention kernels, pool views, and per-tensor scale calibration.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/codec/half.h"
+#include "kernels/page_codec.h"
+#include "src/cache_impl.h"
+#include "src/status_macros.h"
+
+namespace kvtier {
+absl::Status CacheImpl::CheckLayer(int32_t layer) const {
+  if (layer < 0 || layer >= options_.geometry.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " is outside [0, ", options_.geometry.num_layers, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::CheckInput(const KVInput& kv, int64_t num_tokens) const {
+  const Geometry& g = options_.geometry;
+  if (kv.dtype != DType::kFloat16 && kv.dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError("K/V input must be FP16 or BF16");
+  }
+  if (kv.num_tokens != num_tokens || kv.num_heads != g.num_kv_heads || kv.head_dim != g.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "K/V shape [", kv.num_tokens, ", ", kv.num_heads, ", ", kv.head_dim, "] != [", num_tokens,
+        ", ", g.num_kv_heads, ", ", g.head_dim, "]"));
+  }
+  if (kv.num_tokens > 0 && (kv.k == nullptr || kv.v == nullptr)) {
+    return absl::InvalidArgumentError("K/V data pointer is null");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::CheckSlots(int32_t layer, absl::Span<const int64_t> slots,
+                                   const KVInput& kv) const {
+  const Geometry& g = options_.geometry;
+  KVTIER_RETURN_IF_ERROR(CheckLayer(layer));
+  KVTIER_RETURN_IF_ERROR(CheckInput(kv, static_cast<int64_t>(slots.size())));
+  const PagePool& hot = pages_->pool(0);
+  for (int64_t slot : slots) {
+    const int64_t page = slot / g.block_tokens;
+    const uint32_t owner =
+        slot >= 0 && page < hot.capacity_pages() ? hot.Owner(static_cast<uint32_t>(page)) : PagePool::kNone;
+    if (owner >= pool_.blocks().capacity()) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " is not reserved"));
+    }
+    const BlockMeta& b = pool_[owner];
+    if (slot % g.block_tokens >= b.num_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " is not reserved"));
+    }
+    if (b.ref_count > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "slot ", slot, " is in a block shared by ", b.ref_count,
+          " sequences; append to the sequence again to get a private copy"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::WriteKV(int32_t layer, absl::Span<const int64_t> slots, const KVInput& kv) {
+  MutexLock lock(&mu_);
+  KVTIER_RETURN_IF_ERROR(CheckSlots(layer, slots, kv));
+  if (slots.empty()) return absl::OkStatus();
+  return backend_->WriteRows(pages_->View(0, layer), slots, kv, &metrics_.nonfinite_values);
+}
+
+absl::Status CacheImpl::ReadKV(SequenceId id, int32_t layer, absl::Span<float> k,
+                               absl::Span<float> v) const {
+  MutexLock lock(&mu_);
+  const Sequence* seq = sequences_.Find(id);
+  if (seq == nullptr) return UnknownSequence(id);
+  const Geometry& g = options_.geometry;
+  KVTIER_RETURN_IF_ERROR(CheckLayer(layer));
+  const size_t row = static_cast<size_t>(g.num_kv_heads) * g.head_dim;
+  const size_t want = static_cast<size_t>(seq->num_tokens) * row;
+  if (k.size() != want || v.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat("ReadKV spans hold ", k.size(), " and ", v.size(),
+                                                   " floats; the sequence needs ", want, " each"));
+  }
+  for (size_t i = 0; i < seq->blocks.size(); ++i) {
+    const BlockMeta& b = pool_[seq->blocks[i]];
+    const size_t at = i * g.block_tokens * row;
+    KVTIER_RETURN_IF_ERROR(
+        backend_->ReadPage(pages_->View(b.format, layer), b.page, b.num_tokens, k.data() + at, v.data() + at));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PoolInfo> CacheImpl::GetPool(int32_t format, int32_t layer) const {
+  if (format < 0 || format >= num_formats() || layer < 0 || layer >= options_.geometry.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("no pool for format ", format, ", layer ", layer));
+  }
+  MutexLock lock(&mu_);
+  const PoolView view = pages_->View(format, layer);
+  const PageLayout& l = view.layout;
+  PoolInfo info;
+  info.base = view.base;
+  info.page_bytes = l.page_bytes;
+  info.capacity_pages = pages_->pool(format).capacity_pages();
+  info.k_offset = l.k.payload_offset;
+  info.v_offset = l.v.payload_offset;
+  info.row_bytes = l.k.row_bytes;
+  info.k_micro_offset = l.k.micro_offset;
+  info.v_micro_offset = l.v.micro_offset;
+  info.k_scale_offset = l.k.scale_offset;
+  info.v_scale_offset = l.v.scale_offset;
+  info.k_tensor_scale = view.k_tensor_scale;
+  info.v_tensor_scale = view.v_tensor_scale;
+  return info;
+}
+
+absl::Status CacheImpl::BuildPageTables(absl::Span<const SequenceId> batch,
+                                        PageTables* tables) const {
+  if (tables == nullptr) return absl::InvalidArgumentError("tables is null");
+  MutexLock lock(&mu_);
+  for (SequenceId id : batch) {
+    if (sequences_.Find(id) == nullptr) return UnknownSequence(id);
+  }
+  tables->per_format.resize(num_formats());
+  for (FormatPageTable& t : tables->per_format) {
+    t.indptr.assign(1, 0);
+    t.indices.clear();
+    t.last_page_len.clear();
+  }
+  tables->packed_indptr.assign(1, 0);
+  tables->packed.clear();
+  tables->seq_lens.clear();
+  for (SequenceId id : batch) {
+    const Sequence& seq = *sequences_.Find(id);
+    for (FormatPageTable& t : tables->per_format) t.last_page_len.push_back(0);
+    for (uint32_t index : seq.blocks) {
+      const BlockMeta& b = pool_[index];
+      FormatPageTable& t = tables->per_format[b.format];
+      t.indices.push_back(static_cast<int32_t>(b.page));
+      t.last_page_len.back() = b.num_tokens;
+      tables->packed.push_back(PackPage(b.format, b.page));
+    }
+    for (FormatPageTable& t : tables->per_format) {
+      t.indptr.push_back(static_cast<int32_t>(t.indices.size()));
+    }
+    tables->packed_indptr.push_back(static_cast<int32_t>(tables->packed.size()));
+    tables->seq_lens.push_back(static_cast<int32_t>(seq.num_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::CalibrateTensorScales(int32_t layer, const KVInput& kv) {
+  KVTIER_RETURN_IF_ERROR(CheckLayer(layer));
+  KVTIER_RETURN_IF_ERROR(CheckInput(kv, kv.num_tokens));
+  const int64_t n = kv.num_tokens * kv.num_heads * kv.head_dim;
+  float k_amax = 0, v_amax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t kb = static_cast<const uint16_t*>(kv.k)[i];
+    const uint16_t vb = static_cast<const uint16_t*>(kv.v)[i];
+    const bool half = kv.dtype == DType::kFloat16;
+    k_amax = std::max(k_amax, FiniteAbs(half ? codec::HalfToFloat(kb) : codec::Bf16ToFloat(kb)));
+    v_amax = std::max(v_amax, FiniteAbs(half ? codec::HalfToFloat(vb) : codec::Bf16ToFloat(vb)));
+  }
+  MutexLock lock(&mu_);
+  return pages_->SetTensorScales(layer, k_amax, v_amax);
+}
+
+}  // namespace kvtier

@@ -1,0 +1,264 @@
+#include "src/page_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/page_codec.h"
+#include "src/status_macros.h"
+
+namespace kvtier {
+namespace {
+
+std::vector<PageLayout> MakeLayouts(const Options& o) {
+  std::vector<PageLayout> layouts;
+  const Geometry& g = o.geometry;
+  for (const FormatSpec& f : o.palette) {
+    layouts.push_back(MakePageLayout(g.num_kv_heads, g.block_tokens, g.head_dim, f));
+  }
+  return layouts;
+}
+
+// The ScaleScope::kTensor scale of `type` for a layer whose amax is `amax` (0: uncalibrated).
+float TensorScale(ElementType type, float amax) {
+  if (amax <= 0) return 1.f;
+  switch (type) {
+    case ElementType::kFp8E4M3: return amax / 448.f;
+    case ElementType::kFp8E5M2: return amax / 57344.f;
+    case ElementType::kNvfp4: return amax / 2688.f;
+    default: return 1.f;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PageStore>> PageStore::Create(const Options& options,
+                                                             Backend* backend) {
+  std::unique_ptr<PageStore> store(new PageStore(options, backend));
+  const int layers = options.geometry.num_layers;
+  for (int f = 0; f < store->num_formats(); ++f) {
+    for (int l = 0; l < layers; ++l) {
+      KVTIER_ASSIGN_OR_RETURN(uint8_t* base, backend->Reserve(store->range_bytes_));
+      store->bases_.push_back(base);  // the destructor releases what was reserved so far
+    }
+  }
+  return store;
+}
+
+PageStore::PageStore(const Options& options, Backend* backend)
+    : options_(options),
+      backend_(backend),
+      layouts_(MakeLayouts(options)),
+      num_slabs_(static_cast<uint32_t>(options.memory_budget_bytes / options.slab_bytes /
+                                       options.geometry.num_layers)),
+      range_bytes_(num_slabs_ * options.slab_bytes),
+      free_slabs_(num_slabs_) {
+  const int layers = options.geometry.num_layers;
+  for (int f = 0; f < num_formats(); ++f) {
+    pools_.emplace_back(layouts_[f].page_bytes, options.slab_bytes, num_slabs_);
+    const FormatSpec& spec = options.palette[f];
+    for (int l = 0; l < layers; ++l) {
+      k_scales_.push_back(
+          TensorScale(spec.k.type, options.k_tensor_amax.empty() ? 0 : options.k_tensor_amax[l]));
+      v_scales_.push_back(
+          TensorScale(spec.v.type, options.v_tensor_amax.empty() ? 0 : options.v_tensor_amax[l]));
+    }
+  }
+}
+
+PageStore::~PageStore() {
+  for (uint8_t* base : bases_) backend_->Unreserve(base, range_bytes_);
+}
+
+uint32_t PageStore::MaxLivePages() const {
+  uint32_t densest = 0;
+  for (const PageLayout& l : layouts_) {
+    densest = std::max(densest, static_cast<uint32_t>(options_.slab_bytes / l.page_bytes));
+  }
+  return num_slabs_ * densest;
+}
+
+PoolView PageStore::View(int format, int layer) const {
+  const size_t i = static_cast<size_t>(format) * options_.geometry.num_layers + layer;
+  return PoolView{bases_[i], layouts_[format], k_scales_[i], v_scales_[i]};
+}
+
+uint8_t* PageStore::SlotAddress(int format, int layer, uint32_t slot) const {
+  return bases_[static_cast<size_t>(format) * options_.geometry.num_layers + layer] +
+         slot * options_.slab_bytes;
+}
+
+absl::Status PageStore::MapSlot(int format) {
+  PagePool& pool = pools_[format];
+  const uint32_t slot = pool.UnmappedSlot();
+  for (int l = 0; l < options_.geometry.num_layers; ++l) {
+    absl::Status s = backend_->Map(SlotAddress(format, l, slot), options_.slab_bytes);
+    if (!s.ok()) {
+      while (l-- > 0) backend_->Unmap(SlotAddress(format, l, slot), options_.slab_bytes).IgnoreError();
+      return s;
+    }
+  }
+  pool.AddSlot(slot);
+  free_slabs_ -= 1;
+  slab_moves_ += 1;
+  return absl::OkStatus();
+}
+
+absl::Status PageStore::UnmapSlot(int format, uint32_t slot) {
+  pools_[format].RemoveSlot(slot);
+  free_slabs_ += 1;
+  absl::Status status;
+  for (int l = 0; l < options_.geometry.num_layers; ++l) {
+    status.Update(backend_->Unmap(SlotAddress(format, l, slot), options_.slab_bytes));
+  }
+  return status;
+}
+
+uint32_t PageStore::AvailableSlabs(int format) const {
+  uint32_t available = free_slabs_;
+  for (int g = 0; g < num_formats(); ++g) {
+    if (g != format) available += pools_[g].empty_slots();
+  }
+  return available;
+}
+
+uint64_t PageStore::RoomFor(int format) const {
+  const PagePool& pool = pools_[format];
+  return pool.free_pages() + uint64_t{AvailableSlabs(format)} * pool.MinPagesPerSlot();
+}
+
+uint32_t PageStore::SlabsNeeded(int format, uint32_t count) const {
+  const PagePool& pool = pools_[format];
+  const uint32_t per_slab = pool.MinPagesPerSlot();
+  return pool.free_pages() >= count ? 0u : (count - pool.free_pages() + per_slab - 1) / per_slab;
+}
+
+absl::Status PageStore::MapSlabs(int format, uint32_t count) {
+  for (uint32_t i = SlabsNeeded(format, count); i > 0; --i) {
+    for (int g = 0; free_slabs_ == 0 && g < num_formats(); ++g) {
+      if (g != format && pools_[g].EmptySlot() != PagePool::kNone) {
+        KVTIER_RETURN_IF_ERROR(UnmapSlot(g, pools_[g].EmptySlot()));
+      }
+    }
+    KVTIER_RETURN_IF_ERROR(MapSlot(format));
+  }
+  return absl::OkStatus();
+}
+
+void PageStore::Retire(int format, uint32_t page) {
+  pools_[format].SetOwner(page, PagePool::kPending);
+  reclaim_.Push(static_cast<uint8_t>(format), page);
+}
+
+void PageStore::RetireSynchronous() {
+  if (!backend_->synchronous()) return;
+  ReclaimQueue::Entry e;
+  while (reclaim_.PopAny(&e)) pools_[e.format].Free(e.page);
+}
+
+absl::Status PageStore::ReclaimAll() {
+  if (!backend_->synchronous()) {  // wait for the device so that the pages may be reused at once
+    KVTIER_ASSIGN_OR_RETURN(const uint64_t fence, backend_->RecordFence());
+    while (!backend_->FencePassed(fence)) {
+    }
+  }
+  ReclaimQueue::Entry e;
+  while (reclaim_.PopAny(&e)) pools_[e.format].Free(e.page);
+  return absl::OkStatus();
+}
+
+absl::Status PageStore::EndStep() {
+  if (backend_->synchronous()) {
+    RetireSynchronous();
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(const uint64_t fence, backend_->RecordFence());
+    reclaim_.CloseStep(fence);
+    ReclaimQueue::Entry e;
+    while (reclaim_.PopPassed([this](uint64_t f) { return backend_->FencePassed(f); }, &e)) {
+      pools_[e.format].Free(e.page);
+    }
+  }
+  // Each pool keeps one empty slab for the next step; the others return to the budget.
+  absl::Status status;
+  for (int f = 0; f < num_formats(); ++f) {
+    while (pools_[f].empty_slots() > 1) status.Update(UnmapSlot(f, pools_[f].EmptySlot()));
+  }
+  return status;
+}
+
+absl::Status PageStore::SetTensorScales(int layer, float k_amax, float v_amax) {
+  for (int f = 0; f < num_formats(); ++f) {
+    const FormatSpec& spec = options_.palette[f];
+    const bool per_tensor = spec.k.scope == ScaleScope::kTensor || spec.v.scope == ScaleScope::kTensor;
+    if (per_tensor && pools_[f].used_pages() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          FormatName(spec), " already holds blocks encoded with the current per-tensor scale"));
+    }
+  }
+  for (int f = 0; f < num_formats(); ++f) {
+    const size_t i = static_cast<size_t>(f) * options_.geometry.num_layers + layer;
+    k_scales_[i] = TensorScale(options_.palette[f].k.type, k_amax);
+    v_scales_[i] = TensorScale(options_.palette[f].v.type, v_amax);
+  }
+  return absl::OkStatus();
+}
+
+int64_t PageStore::UsedBytes() const {
+  int64_t used = 0;
+  for (int f = 0; f < num_formats(); ++f) {
+    used += static_cast<int64_t>(pools_[f].used_pages()) * layouts_[f].page_bytes;
+  }
+  return used * options_.geometry.num_layers;
+}
+
+void PageStore::Fill(CacheStats* s) const {
+  const Geometry& g = options_.geometry;
+  s->budget_bytes = static_cast<int64_t>(options_.memory_budget_bytes);
+  s->slab_bytes = static_cast<int64_t>(options_.slab_bytes);
+  s->slabs_total = num_slabs_;
+  s->slabs_free = free_slabs_;
+  s->slab_moves = slab_moves_;
+  s->pages_pending_reclaim = static_cast<int64_t>(reclaim_.size());
+  s->formats.resize(num_formats());
+  for (int f = 0; f < num_formats(); ++f) {
+    FormatStats& fs = s->formats[f];
+    const PagePool& pool = pools_[f];
+    fs.name = FormatName(options_.palette[f]);
+    fs.page_bytes = layouts_[f].page_bytes;
+    fs.slabs_mapped = pool.mapped_slots();
+    fs.pages_mapped = pool.mapped_pages();
+    fs.pages_used = pool.used_pages();
+    fs.bytes = fs.slabs_mapped * s->slab_bytes * g.num_layers;
+    const double elements = 2.0 * g.num_kv_heads * g.block_tokens * g.head_dim;
+    fs.bits_per_element = layouts_[f].data_bytes * 8.0 / elements;
+  }
+}
+
+absl::Status PageStore::CheckConsistency(absl::Span<const uint32_t> owned) const {
+  std::vector<uint32_t> pending(num_formats(), 0);
+  for (const ReclaimQueue::Entry& e : reclaim_.entries()) {
+    pending[e.format] += 1;
+    if (pools_[e.format].Owner(e.page) != PagePool::kPending) {
+      return absl::InternalError(
+          absl::StrCat("consistency: page ", e.page, " awaits reclamation but is owned"));
+    }
+  }
+  uint32_t slabs = free_slabs_;
+  for (int f = 0; f < num_formats(); ++f) {
+    const PagePool& pool = pools_[f];
+    KVTIER_RETURN_IF_ERROR(pool.CheckConsistency());
+    if (pool.free_pages() + owned[f] + pending[f] != pool.mapped_pages()) {
+      return absl::InternalError(absl::StrCat("consistency: format ", f, ": free ",
+                                              pool.free_pages(), " + owned ", owned[f],
+                                              " + pending ", pending[f], " != mapped ",
+                                              pool.mapped_pages()));
+    }
+    slabs += pool.mapped_slots();
+  }
+  if (slabs != num_slabs_) {
+    return absl::InternalError(
+        absl::StrCat("consistency: slabs: ", slabs, " accounted of ", num_slabs_));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier
