@@ -13,6 +13,8 @@
 #   run(command="bash scripts/gpu_python.sh", carry=["bundle", ".whl"], kind="nvidia-h200")
 # Here, with network, to (re)fetch the wheels (pinned versions, checked by SHA-256):
 #   bash scripts/gpu_python.sh --fetch-wheels
+# Only step 2 (the module into /tmp/kvpy, no wheels needed; used by scripts/gpu_engine.sh):
+#   bash scripts/gpu_python.sh --module-only
 # Environment: VALIDATE_TIMEOUT, CPP_BENCH_TIMEOUT, BENCH_TIMEOUT (seconds), KVTIER_CPP_BENCH=0
 # to skip kvtier_gpu_bench, BENCH_ARGS (extra decode_bench.py arguments).
 # See tests/gpu/python/README.md.
@@ -80,9 +82,14 @@ export TVM_FFI_CACHE_DIR=/tmp/tvm-ffi
   echo "$(command -v python3) $(python3 --version 2>&1), $(g++ --version | head -1), $(nvcc --version | tail -1)"
 } | tee -a "$summary"
 
+module_only=0
+[ "${1:-}" = "--module-only" ] && module_only=1
+
 # 1. Wheels.
 start=$SECONDS
-if check_wheels; then
+if [ $module_only = 1 ]; then
+  say "wheels: not needed (--module-only)"
+elif check_wheels; then
   rm -rf /tmp/site
   if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl >"$out/pip.log" 2>&1; then
@@ -127,6 +134,11 @@ if [ -e "$lib" ]; then
   env -u LD_LIBRARY_PATH ldd /tmp/kvpy/kvtier*.so 2>/dev/null | grep "not found" | tee -a "$summary"
 else
   say "module: $lib missing (run scripts/gpu_bundle.sh here and carry bundle/)"; status=1
+fi
+
+if [ $module_only = 1 ]; then
+  say "overall: $([ $status = 0 ] && echo PASS || echo FAIL)"
+  exit $status
 fi
 
 step() {  # name, timeout seconds, command...: the log is tee'd to $out/name.log

@@ -27,8 +27,8 @@ from transformers import AttentionInterface  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "examples" / "engine"))
-from kvtier_engine import (TINY, Engine, LlamaCompute, RequestError, llama_config,  # noqa: E402
-                           random_llama)
+from kvtier_engine import (TINY, Engine, KvtierKV, LlamaCompute, RequestError,  # noqa: E402
+                           StepTimer, llama_config, random_llama)
 from kvtier_engine.capture import capture_kv  # noqa: E402
 
 TOTAL = 64  # tokens per request, prompt included
@@ -173,15 +173,51 @@ def test_bad_requests_are_refused_and_others_keep_running(model):
     assert engine.results[rid].tokens == want
 
 
+def test_cancel_frees_a_request_and_leaves_the_rest(model):
+    cache = make_cache(model)
+    engine = Engine(LlamaCompute(model), cache, max_batch=2)
+    ps = prompts(tails=(3, 9, 5))
+    ids = [engine.submit(p, 20) for p in ps]
+    engine.step()
+    engine.cancel(ids[0])  # running
+    engine.cancel(ids[2])  # waiting
+    assert list(engine.running) == [ids[1]] and not engine.waiting
+    assert cache.stats()["sequences"] == 1
+    engine.run()
+    assert len(engine.results[ids[0]].tokens) == 2 and not engine.results[ids[2]].tokens
+    assert engine.results[ids[1]].tokens == reference(model, ps[1], 20)[0]
+    with pytest.raises(KeyError):
+        engine.cancel(99)
+
+
+def test_admission_keeps_a_reserve_for_the_policy(model):
+    m = LlamaCompute(model)
+    ps = prompts(system_tokens=0, tails=(1500, 600))  # 94 and 38 pages; a slab holds 128
+    for reserve, waits in ((0.1, True), (0.0, False)):
+        cache = make_cache(model, budget=8 << 20)  # 2 slabs per layer: 1 reserved at 0.1
+        timer = StepTimer()
+        engine = Engine(m, backend=KvtierKV(cache, m, timer, admit_reserve=reserve),
+                        timer=timer)
+        ids = [engine.submit(p, 4) for p in ps]
+        engine.step()
+        assert (engine.waiting == ids[1:]) == waits
+        engine.run()
+        assert all(len(engine.results[r].tokens) == 4 for r in ids)
+
+
 def test_a_full_cache_preempts_and_resumes(model):
     cache = make_cache(model, budget=4 << 20)
-    engine = Engine(LlamaCompute(model), cache)
-    ps = prompts(system_tokens=0, tails=(1010, 1010))  # 2 x 65 pages > 128
-    ids = [engine.submit(p, 16) for p in ps]
+    m = LlamaCompute(model)
+    timer = StepTimer()  # no reserve: both requests are admitted, and decode runs out
+    engine = Engine(m, backend=KvtierKV(cache, m, timer, admit_reserve=0), timer=timer)
+    ps = prompts(system_tokens=0, tails=(1008, 1008))  # 63 pages each; 65 after 17 tokens
+    ids = [engine.submit(p, 18) for p in ps]
+    engine.step()
+    assert len(engine.running) == 2
     engine.run()
-    assert sum(engine.results[r].preemptions for r in ids) >= 1
+    assert sum(engine.results[r].preemptions for r in ids) == 1
     for rid, p in zip(ids, ps):
-        assert engine.results[rid].tokens == no_cache_greedy(model, p, 16)
+        assert engine.results[rid].tokens == no_cache_greedy(model, p, 18)
 
 
 def test_capture_kv_for_kvtier_recall(model):

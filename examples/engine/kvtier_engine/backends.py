@@ -9,6 +9,7 @@ per layer, attended by PyTorch's SDPA. Both serve the same Engine loop.
 
 The interface (what Engine calls), per request handle `h`:
   check(prompt_len, max_new)      raise RequestError if the request can never fit
+  room_for(prompt_len, running)   whether admitting such a prompt now keeps the reserve free
   add(prompt) -> (h, cached)      admit; `cached` prompt tokens are already in the cache
   prefix_kv(h, layer, n)          the first n cached tokens' K, V [n, kv_heads, head_dim]
   append(hs, counts, tokens)      reserve the new tokens' places (all or nothing) -> slots
@@ -19,8 +20,6 @@ The interface (what Engine calls), per request handle `h`:
 """
 import numpy as np
 import torch
-
-import kvtier
 
 
 class RequestError(ValueError):
@@ -36,7 +35,11 @@ def _slabs(tokens, block_tokens, page_bytes, slab_bytes):
 class KvtierKV:
     """kvtier as the engine's KV cache (see the module docstring)."""
 
-    def __init__(self, cache, model, timer):
+    def __init__(self, cache, model, timer, admit_reserve=0.1):
+        """REQUIRES: cache matches model (layers, KV heads, head_dim), else ValueError.
+        `admit_reserve`: the fraction of the budget that admission leaves free while other
+        requests run. A colder format needs its own slabs, so a budget filled with hot pages
+        leaves the policy nowhere to demote to. Default: 0.1."""
         if cache.num_layers != model.num_layers:
             raise ValueError(
                 f"the model has {model.num_layers} layers but the cache has {cache.num_layers}: "
@@ -54,6 +57,7 @@ class KvtierKV:
         self._formats = stats["formats"]
         self._slab_bytes = stats["slab_bytes"]
         self._slabs_per_layer = stats["slabs_total"]  # per (format, layer) pool set
+        self._reserve = int(np.ceil(admit_reserve * self._slabs_per_layer))
 
     def check(self, prompt_len, max_new):
         """RequestError when the request cannot fit even alone in an empty cache: its prompt in
@@ -67,6 +71,19 @@ class KvtierKV:
                 f"request of {prompt_len} prompt + {max_new} new tokens needs {need} slabs of "
                 f"{self._slab_bytes} bytes per layer, more than the whole budget holds "
                 f"({self._slabs_per_layer} per layer)")
+
+    def room_for(self, prompt_len, running):
+        """Whether the hot pool's free pages, the free slabs beyond the reserve and the cached
+        (evictable) pages hold prompt_len more tokens and a page more for each of the
+        `running` requests (their next 16 tokens), so that decode does not eat the reserve.
+        Pool statistics are per layer."""
+        stats = self.cache.stats()
+        hot = stats["formats"][0]
+        spare_slabs = max(0, stats["slabs_free"] - self._reserve)
+        free_pages = (hot["pages_mapped"] - hot["pages_used"] +
+                      spare_slabs * (self._slab_bytes // hot["page_bytes"]) +
+                      stats["cached_bytes"] // (hot["page_bytes"] * self.cache.num_layers))
+        return -(-prompt_len // self.cache.block_tokens) + running <= free_pages
 
     def add(self, prompt):
         return self.cache.add_sequence(prompt=np.asarray(prompt, np.int32))
@@ -125,6 +142,9 @@ class ContiguousKV:
         if prompt_len + max_new > self.max_context:
             raise RequestError(f"request of {prompt_len + max_new} tokens is longer than the "
                                f"contiguous cache's {self.max_context}")
+
+    def room_for(self, prompt_len, running):
+        return bool(self.free)
 
     def add(self, prompt):
         if not self.free:

@@ -6,7 +6,8 @@
         engine.step()                                        # admit + prefill, decode, EndStep
     engine.results[rid].tokens
 
-Each step: waiting requests are admitted (up to `max_batch` running) and prefilled one by one:
+Each step: waiting requests are admitted (up to `max_batch` running, and while the backend has
+room for the prompt beyond its reserve, `room_for`) and prefilled one by one:
 the cache attaches the longest cached prefix of the prompt (prefix sharing, AddSequence with
 the prompt's tokens), the rest of the prompt is appended with its token ids (so that its full
 blocks become shareable) and written layer by layer, prefill attention being transformers'
@@ -18,7 +19,8 @@ that finish leave the batch; their blocks stay cached for later prompts.
 Errors: `submit` raises RequestError (a ValueError) for an empty prompt, a request the budget
 can never hold, or bad sampling arguments, and leaves everything else as it was. A decode step
 that finds the budget full preempts the most recently admitted request (released, and requeued
-with its generated tokens as part of its prompt).
+with its generated tokens as part of its prompt). A request alone in the cache that still does
+not fit fails (`Request.error`). `cancel` ends a request at any time.
 """
 import contextlib
 import dataclasses
@@ -122,6 +124,16 @@ class Engine:
         self.waiting.append(rid)
         return rid
 
+    def cancel(self, rid):
+        """Ends request rid now (a client went away): released if running, dropped if waiting;
+        its tokens so far stay in results. KeyError for an unknown id; a finished one is left."""
+        req = self.results[rid]
+        if rid in self.running:
+            self.kv.release(self.running.pop(rid))
+        elif rid in self.waiting:
+            self.waiting.remove(rid)
+        req.done = True
+
     def busy(self):
         return bool(self.waiting or self.running)
 
@@ -146,6 +158,8 @@ class Engine:
             rid = self.waiting[0]
             req = self.results[rid]
             context = req.prompt + req.tokens  # a preempted request resumes after its tokens
+            if self.running and not self.kv.room_for(len(context), len(self.running)):
+                return  # keep the reserve free for the policy; retried next step
             try:
                 h, cached = self.kv.add(context)
                 try:
@@ -220,16 +234,20 @@ class Engine:
         del step  # its device copy is freed on the stream, after this step's launches
         with self.timer("model"):
             logits = m.logits(hidden)
+            greedy = logits.argmax(-1).tolist()  # one device synchronisation for the batch
         for i, rid in enumerate(rids):
-            self._emit(rid, logits[i:i + 1])
+            self._emit(rid, logits[i:i + 1], greedy[i])
 
-    def _emit(self, rid, logits):
-        """Chooses request rid's next token from `logits` [1, V]; finishes it when done."""
+    def _emit(self, rid, logits, greedy=None):
+        """Chooses request rid's next token from `logits` [1, V] (`greedy`: its argmax, when
+        known); finishes the request when done."""
         req = self.results[rid]
         if req.record_logits:
             req.logits.append(logits[0].cpu())
         if req.forced is not None:
             token = req.forced[len(req.tokens)]
+        elif req.temperature == 0 and greedy is not None:
+            token = greedy
         else:
             token = sample(logits[0], req, len(req.tokens))
         req.tokens.append(int(token))

@@ -15,7 +15,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 
-def llama_config(layers, hidden, q_heads, kv_heads, intermediate, vocab, max_positions=32768 + 1024):
+def llama_config(layers, hidden, q_heads, kv_heads, intermediate, vocab,
+                 max_positions=32768 + 1024):
     """A LlamaConfig with head_dim = hidden / q_heads (kvtier's fused kernel needs 128)."""
     return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                        num_hidden_layers=layers, num_attention_heads=q_heads,

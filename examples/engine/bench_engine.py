@@ -1,0 +1,405 @@
+#!/usr/bin/env python3
+"""The engine benchmark (docs/engine.md): a Llama model decoding with kvtier as its only KV cache.
+
+  python3 examples/engine/bench_engine.py --out engine.json            # the H200 run
+  python3 examples/engine/bench_engine.py --smoke --out smoke.json     # a reduced run
+  python3 examples/engine/bench_engine.py --smoke --device cpu ...     # the same on the CPU
+  python3 examples/engine/bench_engine.py --tables engine.json         # docs/engine.md's tables
+
+Sections (each written to the JSON as soon as it is done, so a timeout keeps what finished):
+- correctness: transformers' generate() (its default cache, the same weights and dtype) for each
+  prompt, 256 new greedy tokens; the engine with the FP16 palette free-running (tokens identical?
+  where do they first differ?) and teacher-forced on generate()'s tokens (largest logit
+  difference, argmax agreement); the fp8 and balanced policies teacher-forced on the same tokens
+  (argmax agreement with FP16, mean KL(FP16 || palette) of the next-token distributions) and
+  free-running (token agreement with generate()).
+- speed: for the contiguous FP16 + SDPA loop and kvtier with fp16, fp8 and balanced, 64 requests
+  prefilled to each context, then decode at batch 64, 16 and 1 (requests cancelled in between):
+  tokens/s over timed steps (device synchronised around them), and profiled steps split into
+  attention, append, page tables, policy, model (projections, MLP, norms, LM head) and Python
+  (the rest: the loop, sampling, bookkeeping).
+- capacity: per palette, at a fixed budget, the most requests of each context the engine held
+  at once (requests wait and are preempted when the cache is full).
+
+The model is random (kvtier_engine.random_llama, fixed seed; docs/engine.md says why): on CUDA,
+Llama-3-8B's attention and MLP geometry (32 query / 8 KV heads, head_dim 128) with 4 layers
+(--layers), float16; on the CPU, the TINY model in float32.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvtier_engine import (LLAMA8B_GEOMETRY, TINY, ContiguousKV, Engine,  # noqa: E402
+                           LlamaCompute, StepTimer, llama_config, random_llama)
+
+PALETTES = {"fp16": dict(palette=["fp16"]), "fp8": dict(policy="fp8"),
+            "balanced": dict(policy="balanced")}
+SECTIONS = StepTimer.SECTIONS + ("python",)
+
+FULL = dict(layers=4, system=128, tails=[32, 1000, 2500], new_tokens=256,
+            contexts=[8192, 32768], batches=[64, 16, 1], warmup=3, timed=10, profiled=2,
+            capacity_budget=4 << 30, capacity_contexts=[8192, 32768])
+SMOKE = dict(layers=2, system=32, tails=[16, 200, 400], new_tokens=32,
+             contexts=[1024, 4096], batches=[8, 1], warmup=2, timed=4, profiled=1,
+             capacity_budget=256 << 20, capacity_contexts=[1024])
+CPU_SMOKE = dict(SMOKE, contexts=[256], capacity_budget=32 << 20, capacity_contexts=[384],
+                 tails=[16, 100, 200])
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def random_tokens(n, vocab, seed):
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def make_cache(model, name, budget):
+    import kvtier
+    backend = "cuda" if model.device.type == "cuda" else "cpu"
+    return kvtier.Cache(num_layers=model.num_layers, num_kv_heads=model.num_kv_heads,
+                        head_dim=model.head_dim, budget_bytes=int(budget), backend=backend,
+                        **PALETTES[name])
+
+
+def kv_bytes_per_token(model):
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2  # FP16 K and V
+
+
+# ---- correctness ----
+
+def generate_reference(hf, prompts, new_tokens):
+    out = []
+    for p in prompts:
+        g = hf.generate(torch.tensor([p], device=hf.device), max_new_tokens=new_tokens,
+                        do_sample=False, output_logits=True,
+                        return_dict_in_generate=True)
+        out.append((g.sequences[0, len(p):].tolist(), torch.stack([x[0].float().cpu()
+                                                                  for x in g.logits])))
+    return out
+
+
+def engine_run(model, palette, budget, prompts, new_tokens, forced=None):
+    """(tokens, logits [new_tokens, V] float32 on the CPU) per prompt, all in one batch."""
+    engine = Engine(model, make_cache(model, palette, budget))
+    ids = [engine.submit(p, new_tokens, forced=forced[i] if forced else None,
+                         record_logits=True) for i, p in enumerate(prompts)]
+    engine.run()
+    return [(engine.results[r].tokens, torch.stack(engine.results[r].logits)) for r in ids], \
+        [engine.results[r].cached_tokens for r in ids]
+
+
+def first_difference(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def mean_kl(p_logits, q_logits):
+    """Mean over positions of KL(P || Q), natural log."""
+    lp, lq = p_logits.log_softmax(-1), q_logits.log_softmax(-1)
+    return float((lp.exp() * (lp - lq)).sum(-1).mean())
+
+
+def correctness(hf, model, cfg):
+    vocab = model.config.vocab_size
+    system = random_tokens(cfg["system"], vocab, 1)
+    prompts = [system + random_tokens(n, vocab, 10 + i) for i, n in enumerate(cfg["tails"])]
+    new = cfg["new_tokens"]
+    # Room for every request in FP16 four times over, and slabs for every pool of the palette.
+    budget = (4 * kv_bytes_per_token(model) * (max(map(len, prompts)) + new + 64) * len(prompts)
+              + (256 << 20))
+    ref = generate_reference(hf, prompts, new)
+    result = {"prompts": [len(p) for p in prompts], "new_tokens": new, "palettes": {}}
+    forced = [t for t, _ in ref]
+    fp16_forced, _ = engine_run(model, "fp16", budget, prompts, new, forced)
+    for name in PALETTES:
+        free, cached = engine_run(model, name, budget, prompts, new)
+        tf = fp16_forced if name == "fp16" else engine_run(model, name, budget, prompts, new,
+                                                           forced)[0]
+        row = {"cached_tokens": cached, "identical": [], "first_difference": [],
+               "top2_gap_at_first_difference": [], "token_agreement": []}
+        for (want, want_logits), (got, _) in zip(ref, free):
+            row["identical"].append(got == want)
+            at = first_difference(got, want)
+            row["first_difference"].append(at)
+            top2 = want_logits[at].topk(2).values if at is not None else None
+            row["top2_gap_at_first_difference"].append(
+                float(top2[0] - top2[1]) if top2 is not None else None)
+            row["token_agreement"].append(sum(x == y for x, y in zip(got, want)) / new)
+        tf_logits = torch.cat([lg for _, lg in tf])
+        base = torch.cat([lg for _, lg in fp16_forced])
+        if name == "fp16":
+            want_logits = torch.cat([lg for _, lg in ref])
+            row["max_logit_difference"] = float((tf_logits - want_logits).abs().max())
+            row["forced_argmax_agreement"] = float(
+                (tf_logits.argmax(-1) == want_logits.argmax(-1)).float().mean())
+        else:
+            row["forced_argmax_agreement_vs_fp16"] = float(
+                (tf_logits.argmax(-1) == base.argmax(-1)).float().mean())
+            row["mean_kl_vs_fp16"] = mean_kl(base, tf_logits)
+        result["palettes"][name] = row
+        print(f"correctness {name}: {json.dumps(row)}", flush=True)
+    return result
+
+
+# ---- speed ----
+
+def make_backend(model, name, batch, context, timer):
+    if name == "contiguous":
+        return ContiguousKV(model, batch, context, timer)
+    # All of it in FP16 (prefill writes hot) plus room for the policy's colder copies.
+    budget = kv_bytes_per_token(model) * batch * context * 1.75 + (1 << 30)
+    from kvtier_engine import KvtierKV
+    return KvtierKV(make_cache(model, name, budget), model, timer)
+
+
+def timed_steps(engine, steps, device):
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def profiled_steps(engine, steps, device):
+    """Mean per-step milliseconds of each section over `steps` synchronised steps."""
+    engine.timer.reset()
+    engine.timer.enabled = True
+    total = timed_steps(engine, steps, device)
+    engine.timer.enabled = False
+    ms = {k: 1e3 * v / steps for k, v in engine.timer.totals.items()}
+    ms["python"] = 1e3 * total / steps - sum(ms.values())
+    ms["step"] = 1e3 * total / steps
+    return ms
+
+
+def kv_bytes(engine):
+    if isinstance(engine.kv, ContiguousKV):
+        return sum(t.numel() * t.element_size() for t in engine.kv.k + engine.kv.v)
+    return engine.kv.cache.stats()["used_bytes"]
+
+
+def speed_one(model, name, context, cfg):
+    """Rows for one (backend, context): prefill max(batches) requests, then decode at each
+    batch size, largest first, cancelling requests in between."""
+    device = model.device
+    batches = sorted(cfg["batches"], reverse=True)
+    steps = cfg["warmup"] + cfg["timed"] + cfg["profiled"]
+    room = context + len(batches) * steps + 8
+    timer = StepTimer(device)
+    engine = Engine(model, backend=make_backend(model, name, batches[0], room, timer),
+                    max_batch=batches[0], timer=timer)
+    vocab = model.config.vocab_size
+    ids = [engine.submit(random_tokens(context, vocab, 1000 + i), room - context)
+           for i in range(batches[0])]
+    start = time.perf_counter()
+    engine.step()  # admits and prefills every request, then the first decode step
+    sync(device)
+    prefill_s = time.perf_counter() - start
+    rows = []
+    for batch in batches:
+        for rid in ids[batch:]:
+            engine.cancel(rid)
+        assert len(engine.running) == batch
+        timed_steps(engine, cfg["warmup"], device)
+        seconds = timed_steps(engine, cfg["timed"], device)
+        row = {"backend": name, "context": context, "batch": batch,
+               "tokens_per_s": batch * cfg["timed"] / seconds,
+               "step_ms": 1e3 * seconds / cfg["timed"],
+               "profiled_ms": profiled_steps(engine, cfg["profiled"], device),
+               "kv_bytes": kv_bytes(engine), "prefill_s_all": prefill_s}
+        if name != "contiguous":
+            stats = engine.kv.cache.stats()
+            row["effective_bits_per_element"] = stats["effective_bits_per_element"]
+            row["policy_demotion_failures"] = stats["policy_demotion_failures"]
+            row["formats"] = {f["name"]: f["blocks_in_use"] for f in stats["formats"]}
+        rows.append(row)
+        print(f"speed {json.dumps(row)}", flush=True)
+    for rid in ids:
+        engine.cancel(rid)
+    return rows
+
+
+def speed(model, cfg, deadline):
+    rows = []
+    for context in cfg["contexts"]:
+        for name in ["contiguous"] + list(PALETTES):
+            if time.monotonic() > deadline:
+                print(f"speed: skipped {name} at {context} (time limit)", flush=True)
+                continue
+            rows += speed_one(model, name, context, cfg)
+            if model.device.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+# ---- capacity ----
+
+def capacity_one(model, name, context, budget, max_steps=400):
+    cache = make_cache(model, name, budget)
+    engine = Engine(model, cache, max_batch=1 << 20)
+    cold = cache.stats()["formats"][-1]["page_bytes"] / cache.block_tokens * model.num_layers
+    offered = int(budget / (cold * context)) + 2
+    vocab = model.config.vocab_size
+    for i in range(offered):
+        engine.submit(random_tokens(context, vocab, 5000 + i), 64)
+    most, since = 0, 0
+    for _ in range(max_steps):
+        engine.step()
+        if len(engine.running) > most:
+            most, since = len(engine.running), 0
+        else:
+            since += 1
+        if not engine.waiting or since >= 8:
+            break
+    stats = cache.stats()
+    row = {"palette": name, "context": context, "budget_bytes": budget, "offered": offered,
+           "most_running": most, "tokens": most * context, "steps": engine.steps,
+           "preemptions": sum(r.preemptions for r in engine.results.values()),
+           "effective_bits_per_element": stats["effective_bits_per_element"],
+           "policy_demotion_failures": stats["policy_demotion_failures"]}
+    for rid in list(engine.running) + list(engine.waiting):
+        engine.cancel(rid)
+    print(f"capacity {json.dumps(row)}", flush=True)
+    return row
+
+
+def capacity(model, cfg, deadline):
+    rows = []
+    for context in cfg["capacity_contexts"]:
+        for name in PALETTES:
+            if time.monotonic() > deadline:
+                print(f"capacity: skipped {name} at {context} (time limit)", flush=True)
+                continue
+            rows.append(capacity_one(model, name, context, cfg["capacity_budget"]))
+    return rows
+
+
+# ---- the run and the tables ----
+
+def write(path, result):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, path)
+
+
+def run(args):
+    device = torch.device(args.device)
+    cfg = dict((SMOKE if device.type == "cuda" else CPU_SMOKE) if args.smoke else FULL)
+    if args.layers:
+        cfg["layers"] = args.layers
+    geometry = dict(LLAMA8B_GEOMETRY if device.type == "cuda" else TINY, layers=cfg["layers"])
+    geometry["max_positions"] = max(cfg["contexts"] + cfg["capacity_contexts"]) + 1024
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    hf = random_llama(llama_config(**geometry), seed=args.seed, dtype=dtype, device=device)
+    model = LlamaCompute(hf)
+    deadline = time.monotonic() + args.time_limit
+    result = {"config": dict(cfg, geometry=geometry, dtype=str(dtype), seed=args.seed,
+                             device=torch.cuda.get_device_name(device)
+                             if device.type == "cuda" else "cpu",
+                             torch=torch.__version__,
+                             transformers=__import__("transformers").__version__)}
+    for section in args.sections.split(","):
+        start = time.monotonic()
+        with torch.inference_mode():
+            if section == "correctness":
+                result[section] = correctness(hf, model, cfg)
+            elif section == "speed":
+                result[section] = speed(model, cfg, deadline)
+            elif section == "capacity":
+                result[section] = capacity(model, cfg, deadline)
+            else:
+                raise SystemExit(f"unknown section {section}")
+        result.setdefault("seconds", {})[section] = time.monotonic() - start
+        write(args.out, result)
+        print(f"{section}: done in {time.monotonic() - start:.1f} s; wrote {args.out}", flush=True)
+
+
+def md_table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+def fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def tables(result):
+    out = []
+    c = result.get("correctness")
+    if c:
+        rows = []
+        for name, r in c["palettes"].items():
+            rows.append([name, f"{sum(r['identical'])}/{len(r['identical'])}",
+                         ", ".join(fmt(x, "d") for x in r["first_difference"]),
+                         ", ".join(fmt(x, ".4f") for x in r["top2_gap_at_first_difference"]),
+                         f"{sum(r['token_agreement']) / len(r['token_agreement']):.3f}",
+                         fmt(r.get("max_logit_difference"), ".4f"),
+                         fmt(r.get("forced_argmax_agreement",
+                                   r.get("forced_argmax_agreement_vs_fp16")), ".4f"),
+                         fmt(r.get("mean_kl_vs_fp16"), ".2e")])
+        out.append(f"Correctness: prompts of {c['prompts']} tokens, {c['new_tokens']} new tokens "
+                   "each, against transformers' generate()\n\n" + md_table(
+                       ["palette", "identical", "first difference", "top-2 gap there",
+                        "token agreement",
+                        "max logit diff (forced)", "argmax agreement (forced)",
+                        "mean KL vs FP16"], rows))
+    s = result.get("speed")
+    if s:
+        base = {(r["context"], r["batch"]): r["tokens_per_s"] for r in s
+                if r["backend"] == "contiguous"}
+        rows = []
+        for r in s:
+            p = r["profiled_ms"]
+            speedup = r["tokens_per_s"] / base[(r["context"], r["batch"])] if (
+                r["context"], r["batch"]) in base else float("nan")
+            rows.append([r["backend"], r["context"], r["batch"], f"{r['tokens_per_s']:.0f}",
+                         f"{speedup:.2f}", f"{r['step_ms']:.2f}"] +
+                        [f"{p[k]:.2f}" for k in SECTIONS] +
+                        [f"{100 * p['attention'] / p['step']:.0f}%",
+                         f"{r['kv_bytes'] / 2**30:.2f}"])
+        out.append("Decode speed (ms per step; sections from synchronised profiled steps)\n\n" +
+                   md_table(["backend", "context", "batch", "tokens/s", "vs contiguous",
+                             "step ms"] + list(SECTIONS) + ["attention share", "KV GiB"], rows))
+    cap = result.get("capacity")
+    if cap:
+        rows = [[r["palette"], r["context"], f"{r['budget_bytes'] / 2**30:.2f}",
+                 r["most_running"], r["tokens"], f"{r['effective_bits_per_element']:.2f}",
+                 r["preemptions"]] for r in cap]
+        out.append("Capacity at a fixed budget\n\n" + md_table(
+            ["palette", "context", "budget GiB", "requests held", "tokens", "bits/element",
+             "preemptions"], rows))
+    return "\n\n".join(out)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="the JSON to write")
+    p.add_argument("--tables", metavar="JSON", help="print docs/engine.md's tables of a result")
+    p.add_argument("--smoke", action="store_true", help="a reduced run")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--layers", type=int, default=0, help="decoder layers (default 4; smoke 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sections", default="correctness,speed,capacity")
+    p.add_argument("--time-limit", type=float, default=420,
+                   help="seconds after which speed and capacity cases are skipped")
+    args = p.parse_args()
+    if args.tables:
+        with open(args.tables) as f:
+            print(tables(json.load(f)))
+    elif args.out:
+        run(args)
+    else:
+        p.error("give --out or --tables")
+
+
+if __name__ == "__main__":
+    main()
