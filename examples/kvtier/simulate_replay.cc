@@ -1,0 +1,205 @@
+#include "examples/kvtier/simulate_replay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <utility>
+
+#include "src/status_macros.h"
+
+namespace kvtier::tool {
+namespace {
+
+struct Active {
+  Request request;
+  SequenceId seq;
+  int64_t prefilled = 0;  // prompt tokens in the cache
+  std::vector<int32_t> generated;
+};
+
+void Progress(const ReplayOptions& o, const std::string& label, int64_t step, const Sample& s) {
+  if (!o.progress) return;
+  std::fprintf(stderr, "\r[%-12s] step %5lld/%lld  running %4lld  waiting %4lld  %5.2f bits/elem",
+               label.c_str(), static_cast<long long>(step), static_cast<long long>(o.steps),
+               static_cast<long long>(s.running), static_cast<long long>(s.waiting), s.bits);
+  if (step == o.steps) std::fprintf(stderr, "\n");
+}
+
+// The scheduler of one run: the waiting and running requests, stepped through the cache.
+// Not thread-safe.
+class Replayer {
+ public:
+  Replayer(const ReplayOptions& o, const Geometry& geometry, RunResult* result)
+      : o_(o), geometry_(geometry), result_(result), cache_(*result->cache), workload_(o.workload) {}
+
+  // Decode step `step`: arrivals, admission, one step of work, retirement, then the cache's
+  // EndStep and the run's statistics.
+  absl::Status Step(int64_t step) {
+    for (Request& r : workload_.Arrivals(step)) waiting_.push_back(std::move(r));
+    KVTIER_RETURN_IF_ERROR(Admit());
+    KVTIER_RETURN_IF_ERROR(AppendWork());
+    Advance();
+    KVTIER_RETURN_IF_ERROR(Retire(step));
+    KVTIER_RETURN_IF_ERROR(cache_.EndStep());
+    Record(step);
+    return absl::OkStatus();
+  }
+
+  // The run's final statistics into the result.
+  void Finish() {
+    result_->final_stats = cache_.GetStats();
+    result_->mean_running = second_half_steps_ > 0 ? running_sum_ / second_half_steps_ : 0;
+    result_->saturated_fraction =
+        second_half_steps_ > 0 ? static_cast<double>(saturated_) / second_half_steps_ : 0;
+  }
+
+ private:
+  // Admits in arrival order while the budget has headroom for what the running sequences will
+  // still add (at the cache's current bits per element); matched prefixes come free.
+  absl::Status Admit() {
+    const CacheStats now = cache_.GetStats();
+    const double bytes_per_token = 2.0 * geometry_.num_layers * geometry_.num_kv_heads *
+                                   geometry_.head_dim *
+                                   std::max(4.0, now.effective_bits_per_element) / 8;
+    double reserved = 0;
+    for (const Active& a : running_) {
+      reserved += bytes_per_token * (static_cast<double>(a.request.prompt.size()) - a.prefilled +
+                                     a.request.output_tokens - static_cast<double>(a.generated.size()));
+    }
+    while (!waiting_.empty()) {
+      const double need = bytes_per_token *
+                          static_cast<double>(waiting_.front().prompt.size() + waiting_.front().output_tokens);
+      if (now.used_bytes + reserved + need > o_.admit_below * now.budget_bytes && !running_.empty()) break;
+      reserved += need;
+      SequenceOptions so;
+      so.prompt = waiting_.front().prompt;
+      KVTIER_ASSIGN_OR_RETURN(const AddResult added, cache_.AddSequence(so));
+      running_.push_back(Active{std::move(waiting_.front()), added.id, added.cached_tokens, {}});
+      waiting_.pop_front();
+    }
+    return absl::OkStatus();
+  }
+
+  // One step of work: a prefill chunk for prefilling sequences, one token for the others.
+  // When the budget is full the newest sequence is preempted (recomputed later).
+  absl::Status AppendWork() {
+    absl::Status s = absl::ResourceExhaustedError("");
+    while (!running_.empty() && absl::IsResourceExhausted(s)) {
+      batch_.clear();
+      counts_.clear();
+      tokens_.clear();
+      for (const Active& a : running_) {
+        const int64_t prompt = static_cast<int64_t>(a.request.prompt.size());
+        const int64_t n = a.prefilled < prompt ? std::min(o_.prefill_chunk, prompt - a.prefilled) : 1;
+        batch_.push_back(a.seq);
+        counts_.push_back(n);
+        if (a.prefilled < prompt) {
+          tokens_.insert(tokens_.end(), a.request.prompt.begin() + a.prefilled,
+                         a.request.prompt.begin() + a.prefilled + n);
+        } else {
+          tokens_.push_back(workload_.NextToken());
+        }
+      }
+      slots_.clear();
+      s = cache_.AppendBatch(batch_, counts_, tokens_, &slots_);
+      if (absl::IsResourceExhausted(s)) {
+        KVTIER_RETURN_IF_ERROR(cache_.Release(running_.back().seq));
+        waiting_.push_front(std::move(running_.back().request));
+        running_.pop_back();
+        result_->preemptions += 1;
+      } else if (!s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // What the appended batch did to each running sequence.
+  void Advance() {
+    size_t next_token = 0;
+    for (size_t i = 0; i < running_.size(); ++i) {
+      Active& a = running_[i];
+      if (a.prefilled < static_cast<int64_t>(a.request.prompt.size())) {
+        a.prefilled += counts_[i];
+      } else {
+        a.generated.push_back(tokens_[next_token]);
+      }
+      next_token += static_cast<size_t>(counts_[i]);
+    }
+  }
+
+  // Releases the sequences that produced all their output and reports them to the workload.
+  absl::Status Retire(int64_t step) {
+    for (size_t i = running_.size(); i-- > 0;) {
+      Active& a = running_[i];
+      if (static_cast<int64_t>(a.generated.size()) < a.request.output_tokens) continue;
+      KVTIER_RETURN_IF_ERROR(cache_.Release(a.seq));
+      workload_.Finished(a.request, a.generated, step);
+      result_->completed += 1;
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    return absl::OkStatus();
+  }
+
+  // Peak and second-half statistics; a Sample every 10 steps, progress every 50.
+  void Record(int64_t step) {
+    result_->peak_running = std::max<int64_t>(result_->peak_running, static_cast<int64_t>(running_.size()));
+    if (step >= o_.steps / 2) {
+      second_half_steps_ += 1;
+      running_sum_ += static_cast<double>(running_.size());
+      saturated_ += waiting_.empty() ? 0 : 1;
+    }
+    if (step % 10 == 0 || step + 1 == o_.steps) {
+      const CacheStats stats = cache_.GetStats();
+      Sample sample{step, static_cast<int64_t>(running_.size()), static_cast<int64_t>(waiting_.size()), {},
+                    stats.effective_bits_per_element};
+      for (const FormatStats& f : stats.formats) {
+        sample.bytes.push_back((f.blocks_in_use + f.blocks_cached) * f.page_bytes * geometry_.num_layers);
+      }
+      result_->samples.push_back(sample);
+      if (step % 50 == 0 || step + 1 == o_.steps) Progress(o_, result_->policy, step + 1, sample);
+    }
+  }
+
+  const ReplayOptions& o_;
+  const Geometry geometry_;
+  RunResult* result_;
+  Cache& cache_;
+  Workload workload_;
+  std::deque<Request> waiting_;
+  std::vector<Active> running_;
+  // The batch of the current step (kept to reuse their memory).
+  std::vector<int64_t> slots_;
+  std::vector<SequenceId> batch_;
+  std::vector<int64_t> counts_;
+  std::vector<int32_t> tokens_;
+  int64_t saturated_ = 0, second_half_steps_ = 0;
+  double running_sum_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<RunResult> ReplayWorkload(const Policy& policy, const ReplayOptions& o,
+                                         prometheus::Exposer* exposer) {
+  Options options;
+  options.geometry = Geometry{/*num_layers=*/2, /*num_kv_heads=*/2, /*head_dim=*/128, /*block_tokens=*/16};
+  options.memory_budget_bytes = static_cast<size_t>(o.budget_mib) << 20;
+  options.palette = PolicyPalette(policy);
+  RunResult result;
+  KVTIER_ASSIGN_OR_RETURN(result.cache, Cache::Create(options));
+  result.policy = policy.name;
+  KVTIER_RETURN_IF_ERROR(result.cache->SetPolicy(policy));
+  if (exposer != nullptr) {
+    result.collectable = std::make_shared<CacheCollectable>(result.cache.get());
+    exposer->RegisterCollectable(result.collectable);
+  }
+  const auto started = std::chrono::steady_clock::now();
+  Replayer replayer(o, options.geometry, &result);
+  for (int64_t step = 0; step < o.steps; ++step) KVTIER_RETURN_IF_ERROR(replayer.Step(step));
+  replayer.Finish();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return result;
+}
+
+}  // namespace kvtier::tool

@@ -1,0 +1,63 @@
+// One run of `kvtier simulate`: the seeded serving workload (simulate_workload.h) replayed
+// through a real cache under one precision policy, a scheduler that admits requests while the
+// budget has headroom and preempts the newest sequence when it runs out, and what the run
+// measured.
+#ifndef KVTIER_EXAMPLES_KVTIER_SIMULATE_REPLAY_H_
+#define KVTIER_EXAMPLES_KVTIER_SIMULATE_REPLAY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "adapters/prometheus_exporter.h"
+#include "examples/kvtier/simulate_workload.h"
+#include "kvtier/cache.h"
+#include "kvtier/policy.h"
+#include "prometheus/exposer.h"
+
+namespace kvtier::tool {
+
+struct ReplayOptions {
+  int64_t steps = 1000;
+  int64_t budget_mib = 512;
+  int64_t prefill_chunk = 2048;  // prompt tokens a sequence computes per step
+  double admit_below = 0.95;     // admit new requests while usage is below this fraction
+  WorkloadOptions workload;
+  bool progress = true;          // a progress line on stderr
+};
+
+// The cache's state every 10 steps (and at the last step).
+struct Sample {
+  int64_t step = 0;
+  int64_t running = 0;
+  int64_t waiting = 0;
+  std::vector<int64_t> bytes;  // [format], pages of live blocks
+  double bits = 0;
+};
+
+struct RunResult {
+  std::string policy;
+  std::unique_ptr<Cache> cache;
+  std::shared_ptr<CacheCollectable> collectable;  // serves `cache` while it lives
+  std::vector<Sample> samples;
+  CacheStats final_stats;
+  double mean_running = 0;       // over the second half of the run
+  int64_t peak_running = 0;
+  double saturated_fraction = 0;  // steps of the second half with requests waiting
+  int64_t completed = 0;
+  int64_t preemptions = 0;
+  double seconds = 0;
+};
+
+// Replays `options.steps` steps of the workload through a cache of 2 layers, 2 KV heads,
+// head_dim 128 on the CPU backend under `policy`. When `exposer` is not null it serves the
+// cache's metrics for as long as the result lives. Deterministic in (policy, options) except
+// for `seconds`. Errors: the cache's, unchanged.
+absl::StatusOr<RunResult> ReplayWorkload(const Policy& policy, const ReplayOptions& options,
+                                         prometheus::Exposer* exposer);
+
+}  // namespace kvtier::tool
+
+#endif  // KVTIER_EXAMPLES_KVTIER_SIMULATE_REPLAY_H_
