@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, then builds kvtier and runs every test:
+# Installs what is missing, checks the structure limits (scripts/check_structure.sh), then builds
+# kvtier and runs every test:
 #   1. g++ RelWithDebInfo (CUDA code compiled when nvcc exists; GPU tests skip without a GPU):
 #      all unit tests, a real Prometheus server scraping `kvtier simulate`, the Python module's
 #      pytest suite (the engine example's included: torch and transformers come from
@@ -28,6 +29,9 @@ configure_build_test() {  # name, extra cmake args...
   step "$name: tests"
   ctest --test-dir "$root/$name" -j "$jobs" --timeout 600
 }
+
+step "structure: file and function lengths"
+bash scripts/check_structure.sh
 
 mkdir -p "$root"
 configure_build_test release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX="$PWD/$root/prefix"
