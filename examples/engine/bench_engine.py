@@ -26,6 +26,7 @@ Llama-3-8B's attention and MLP geometry (32 query / 8 KV heads, head_dim 128) wi
 (--layers), float16; on the CPU, the TINY model in float32.
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -41,9 +42,10 @@ PALETTES = {"fp16": dict(palette=["fp16"]), "fp8": dict(policy="fp8"),
             "balanced": dict(policy="balanced")}
 SECTIONS = StepTimer.SECTIONS + ("python",)
 
+# Contexts longest first: should the time limit cut the run short, the 32K cases have run.
 FULL = dict(layers=4, system=128, tails=[32, 1000, 2500], new_tokens=256,
-            contexts=[8192, 32768], batches=[64, 16, 1], warmup=3, timed=10, profiled=2,
-            capacity_budget=4 << 30, capacity_contexts=[8192, 32768])
+            contexts=[32768, 8192], batches=[64, 16, 1], warmup=3, timed=10, profiled=2,
+            capacity_budget=4 << 30, capacity_contexts=[32768, 8192])
 SMOKE = dict(layers=2, system=32, tails=[16, 200, 400], new_tokens=32,
              contexts=[1024, 4096], batches=[8, 1], warmup=2, timed=4, profiled=1,
              capacity_budget=256 << 20, capacity_contexts=[1024])
@@ -234,6 +236,7 @@ def speed(model, cfg, deadline):
                 print(f"speed: skipped {name} at {context} (time limit)", flush=True)
                 continue
             rows += speed_one(model, name, context, cfg)
+            gc.collect()  # the case's cache or contiguous tensors go before the next is made
             if model.device.type == "cuda":
                 torch.cuda.empty_cache()
     return rows
