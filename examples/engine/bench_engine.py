@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kvtier_engine import (LLAMA8B_GEOMETRY, TINY, ContiguousKV, Engine,  # noqa: E402
-                           LlamaCompute, StepTimer, llama_config, random_llama)
+                           KvtierKV, LlamaCompute, StepTimer, llama_config, random_llama)
 
 PALETTES = {"fp16": dict(palette=["fp16"]), "fp8": dict(policy="fp8"),
             "balanced": dict(policy="balanced")}
@@ -107,6 +107,22 @@ def mean_kl(p_logits, q_logits):
     return float((lp.exp() * (lp - lq)).sum(-1).mean())
 
 
+def compare_free(ref, free, cached, new):
+    """Free-running tokens against generate()'s: identical, where they first differ and
+    generate()'s top-2 logit gap there, the fraction of equal positions."""
+    row = {"cached_tokens": cached, "identical": [], "first_difference": [],
+           "top2_gap_at_first_difference": [], "token_agreement": []}
+    for (want, want_logits), (got, _) in zip(ref, free):
+        row["identical"].append(got == want)
+        at = first_difference(got, want)
+        row["first_difference"].append(at)
+        top2 = want_logits[at].topk(2).values if at is not None else None
+        row["top2_gap_at_first_difference"].append(
+            float(top2[0] - top2[1]) if top2 is not None else None)
+        row["token_agreement"].append(sum(x == y for x, y in zip(got, want)) / new)
+    return row
+
+
 def correctness(hf, model, cfg):
     vocab = model.config.vocab_size
     system = random_tokens(cfg["system"], vocab, 1)
@@ -119,20 +135,16 @@ def correctness(hf, model, cfg):
     result = {"prompts": [len(p) for p in prompts], "new_tokens": new, "palettes": {}}
     forced = [t for t, _ in ref]
     fp16_forced, _ = engine_run(model, "fp16", budget, prompts, new, forced)
+    # FP16, each prompt alone in its own cache: no prefix sharing, so that prefill is
+    # transformers' own single call, as in generate().
+    alone = [engine_run(model, "fp16", budget, [p], new) for p in prompts]
+    result["palettes"]["fp16_alone"] = compare_free(ref, [a[0][0] for a in alone],
+                                                    [a[1][0] for a in alone], new)
     for name in PALETTES:
         free, cached = engine_run(model, name, budget, prompts, new)
         tf = fp16_forced if name == "fp16" else engine_run(model, name, budget, prompts, new,
                                                            forced)[0]
-        row = {"cached_tokens": cached, "identical": [], "first_difference": [],
-               "top2_gap_at_first_difference": [], "token_agreement": []}
-        for (want, want_logits), (got, _) in zip(ref, free):
-            row["identical"].append(got == want)
-            at = first_difference(got, want)
-            row["first_difference"].append(at)
-            top2 = want_logits[at].topk(2).values if at is not None else None
-            row["top2_gap_at_first_difference"].append(
-                float(top2[0] - top2[1]) if top2 is not None else None)
-            row["token_agreement"].append(sum(x == y for x, y in zip(got, want)) / new)
+        row = compare_free(ref, free, cached, new)
         tf_logits = torch.cat([lg for _, lg in tf])
         base = torch.cat([lg for _, lg in fp16_forced])
         if name == "fp16":
@@ -156,7 +168,6 @@ def make_backend(model, name, batch, context, timer):
         return ContiguousKV(model, batch, context, timer)
     # All of it in FP16 (prefill writes hot) plus room for the policy's colder copies.
     budget = kv_bytes_per_token(model) * batch * context * 1.75 + (1 << 30)
-    from kvtier_engine import KvtierKV
     return KvtierKV(make_cache(model, name, budget), model, timer)
 
 
