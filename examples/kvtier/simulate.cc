@@ -133,8 +133,8 @@ void Usage(FILE* out) {
                "                       [--arrivals-per-step X] [--json PATH] [--plot PATH.svg]\n"
                "                       [--metrics-port PORT [--linger SECONDS]] [--no-progress]\n"
                "  --policy        a preset (fp16, fp8, balanced, max_capacity) or a JSON file. Default: balanced\n"
-               "  --steps         decode steps to simulate. Default: 1200\n"
-               "  --budget-mib    memory budget of the cache. Default: 1024\n"
+               "  --steps         decode steps to simulate. Default: 1000\n"
+               "  --budget-mib    memory budget of the cache, MiB. Default: 512\n"
                "  --metrics-port  serve the policy run's cache at http://127.0.0.1:PORT/metrics\n"
                "  --linger        keep serving that many seconds after the run\n");
 }
