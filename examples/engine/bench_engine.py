@@ -31,12 +31,14 @@ import json
 import os
 import sys
 import time
+import urllib.request
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kvtier_engine import (LLAMA8B_GEOMETRY, TINY, ContiguousKV, Engine,  # noqa: E402
-                           KvtierKV, LlamaCompute, StepTimer, llama_config, random_llama)
+                           KvtierKV, LlamaCompute, MetricsServer, StepTimer, llama_config,
+                           random_llama)
 
 PALETTES = {"fp16": dict(palette=["fp16"]), "fp8": dict(policy="fp8"),
             "balanced": dict(policy="balanced")}
@@ -215,6 +217,7 @@ def speed_one(model, name, context, cfg):
     engine.step()  # admits and prefills every request, then the first decode step
     sync(device)
     prefill_s = time.perf_counter() - start
+    server = MetricsServer(engine)  # the Prometheus endpoint, live while the engine decodes
     rows = []
     for batch in batches:
         for rid in ids[batch:]:
@@ -226,7 +229,8 @@ def speed_one(model, name, context, cfg):
                "tokens_per_s": batch * cfg["timed"] / seconds,
                "step_ms": 1e3 * seconds / cfg["timed"],
                "profiled_ms": profiled_steps(engine, cfg["profiled"], device),
-               "kv_bytes": kv_bytes(engine), "prefill_s_all": prefill_s}
+               "kv_bytes": kv_bytes(engine), "prefill_s_all": prefill_s,
+               "metrics_live": scrape_running(server) == batch}
         if name != "contiguous":
             stats = engine.kv.cache.stats()
             row["effective_bits_per_element"] = stats["effective_bits_per_element"]
@@ -234,9 +238,20 @@ def speed_one(model, name, context, cfg):
             row["formats"] = {f["name"]: f["blocks_in_use"] for f in stats["formats"]}
         rows.append(row)
         print(f"speed {json.dumps(row)}", flush=True)
+    server.close()
     for rid in ids:
         engine.cancel(rid)
     return rows
+
+
+def scrape_running(server):
+    """The running-request count a scrape of the engine's /metrics reports."""
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith('kvtier_engine_requests{state="running"}'):
+                return int(line.split()[-1])
+    return None
 
 
 def speed(model, cfg, deadline):

@@ -10,6 +10,8 @@ KVTIER_ENGINE_REQUIRED=1 (set by scripts/test.sh), where they are required.
 import os
 import pathlib
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -27,8 +29,8 @@ from transformers import AttentionInterface  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "examples" / "engine"))
-from kvtier_engine import (TINY, Engine, KvtierKV, LlamaCompute, RequestError,  # noqa: E402
-                           StepTimer, llama_config, random_llama)
+from kvtier_engine import (TINY, Engine, KvtierKV, LlamaCompute, MetricsServer,  # noqa: E402
+                           RequestError, StepTimer, llama_config, random_llama)
 from kvtier_engine.capture import capture_kv  # noqa: E402
 
 TOTAL = 64  # tokens per request, prompt included
@@ -229,3 +231,26 @@ def test_capture_kv_for_kvtier_recall(model):
     hidden = m.embed(torch.tensor(p[:32]))
     _, want_k, _ = m.qkv(0, hidden, m.rope(hidden, torch.arange(32)))
     np.testing.assert_array_equal(k[0], want_k.detach().half().float().numpy())
+
+
+def test_metrics_endpoint_serves_the_engine_and_the_cache(model):
+    engine = Engine(LlamaCompute(model), make_cache(model), max_batch=1)
+    ps = prompts(tails=(3, 9))
+    for p in ps:
+        engine.submit(p, 5)
+    engine.step()
+    server = MetricsServer(engine)
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.headers["Content-Type"].startswith("text/plain")
+            lines = response.read().decode().splitlines()
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/other", timeout=10)
+    finally:
+        server.close()
+    assert 'kvtier_engine_requests{state="running"} 1' in lines
+    assert 'kvtier_engine_requests{state="waiting"} 1' in lines
+    assert "kvtier_engine_steps_total 1" in lines and "kvtier_engine_tokens_total 2" in lines
+    assert "kvtier_engine_cache_sequences 1.0" in lines
+    assert 'kvtier_engine_cache_format_blocks_in_use{format="fp16"} 3.0' in lines
