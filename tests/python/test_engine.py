@@ -195,8 +195,9 @@ def test_cancel_frees_a_request_and_leaves_the_rest(model):
 def test_admission_keeps_a_reserve_for_the_policy(model):
     m = LlamaCompute(model)
     ps = prompts(system_tokens=0, tails=(1500, 600))  # 94 and 38 pages; a slab holds 128
-    for reserve, waits in ((0.1, True), (0.0, False)):
-        cache = make_cache(model, budget=8 << 20)  # 2 slabs per layer: 1 reserved at 0.1
+    for reserve, palette, waits in ((0.1, "fp8", True), (0.0, "fp8", False),
+                                    (0.1, None, False)):  # FP16 alone needs no reserve
+        cache = make_cache(model, budget=8 << 20, policy=palette)  # 2 slabs per layer
         timer = StepTimer()
         engine = Engine(m, backend=KvtierKV(cache, m, timer, admit_reserve=reserve),
                         timer=timer)

@@ -39,7 +39,7 @@ class KvtierKV:
         """REQUIRES: cache matches model (layers, KV heads, head_dim), else ValueError.
         `admit_reserve`: the fraction of the budget that admission leaves free while other
         requests run. A colder format needs its own slabs, so a budget filled with hot pages
-        leaves the policy nowhere to demote to. Default: 0.1."""
+        leaves the policy nowhere to demote to. Default: 0.1; none for a one-format palette."""
         if cache.num_layers != model.num_layers:
             raise ValueError(
                 f"the model has {model.num_layers} layers but the cache has {cache.num_layers}: "
@@ -57,7 +57,8 @@ class KvtierKV:
         self._formats = stats["formats"]
         self._slab_bytes = stats["slab_bytes"]
         self._slabs_per_layer = stats["slabs_total"]  # per (format, layer) pool set
-        self._reserve = int(np.ceil(admit_reserve * self._slabs_per_layer))
+        colder = len(self._formats) > 1
+        self._reserve = int(np.ceil(admit_reserve * self._slabs_per_layer)) if colder else 0
 
     def check(self, prompt_len, max_new):
         """RequestError when the request cannot fit even alone in an empty cache: its prompt in
