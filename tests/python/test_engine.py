@@ -208,6 +208,27 @@ def test_admission_keeps_a_reserve_for_the_policy(model):
         assert all(len(engine.results[r].tokens) == 4 for r in ids)
 
 
+def test_a_request_that_fails_alone_leaves_the_queue_moving(model):
+    class TightKV(KvtierKV):  # a cache that cannot take a prefill of over 100 tokens
+        def append(self, hs, counts, tokens):
+            if counts[0] > 100:
+                raise MemoryError("the budget cannot hold the new blocks")
+            return super().append(hs, counts, tokens)
+
+    m = LlamaCompute(model)
+    cache = make_cache(model)
+    timer = StepTimer()
+    engine = Engine(m, backend=TightKV(cache, m, timer), timer=timer)
+    big, small = prompts(system_tokens=0, tails=(150, 20))
+    ids = [engine.submit(big, 4), engine.submit(small, 4)]
+    engine.step()
+    failed = engine.results[ids[0]]
+    assert failed.done and "does not fit the cache" in failed.error and not failed.tokens
+    assert list(engine.running) == [ids[1]]
+    engine.run()
+    assert len(engine.results[ids[1]].tokens) == 4 and cache.stats()["sequences"] == 0
+
+
 def test_a_full_cache_preempts_and_resumes(model):
     cache = make_cache(model, budget=4 << 20)
     m = LlamaCompute(model)
