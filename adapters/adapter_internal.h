@@ -3,11 +3,16 @@
 #define KVTIER_ADAPTERS_ADAPTER_INTERNAL_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "adapters/page_table_adapters.h"
+#include "kvtier/adapters/partition.h"
+#include "kvtier/adapters/target.h"
+#include "kvtier/adapters/tensor_view.h"
 #include "kvtier/cache.h"
+#include "src/status_macros.h"
 
 namespace kvtier::adapter_internal {
 
@@ -23,6 +28,9 @@ struct PoolAndFormat {
 absl::StatusOr<PoolAndFormat> GetPoolAndFormat(AdapterTarget target, const Cache& cache,
                                                int32_t format, int32_t layer);
 
+// The view element type of a codec's element type (packed FP4 for NVFP4).
+ViewDType ViewTypeOf(ElementType type);
+
 // A view whose element [0, ...] is at pool base + byte_offset.
 TensorView MakeView(const PoolAndFormat& p, int64_t byte_offset, ViewDType dtype,
                     std::vector<int64_t> shape, std::vector<int64_t> strides);
@@ -33,6 +41,26 @@ absl::StatusOr<std::vector<FormatPart>> ReadableParts(AdapterTarget target, cons
 
 // The most pages a row of `part` holds.
 int32_t MaxPages(const FormatPart& part);
+
+// The prologue of every per-target part builder: one T per part of `tables` that `target` can
+// read, in palette order, with T's format, batch_index and seq_lens (the part's lengths) set;
+// `fill(part, &t)` sets the rest and returns OK, or the error that refuses the batch.
+template <typename T, typename Fill>
+absl::StatusOr<std::vector<T>> BuildParts(AdapterTarget target, const Options& options,
+                                          const PageTables& tables, Fill fill) {
+  KVTIER_ASSIGN_OR_RETURN(std::vector<FormatPart> parts, ReadableParts(target, options, tables));
+  std::vector<T> out;
+  out.reserve(parts.size());
+  for (const FormatPart& part : parts) {
+    T t;
+    t.format = part.format;
+    t.batch_index = part.batch_index;
+    t.seq_lens.assign(part.lengths.begin(), part.lengths.end());
+    KVTIER_RETURN_IF_ERROR(fill(part, &t));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
 
 }  // namespace kvtier::adapter_internal
 

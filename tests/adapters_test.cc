@@ -2,20 +2,27 @@
 // ragged batches and mixed palettes, refusals, views that address exactly the page layout's
 // bytes (read through the strides, compared with ReadKV), and the partition-and-merge path
 // (per-format attention merged by LSE equals attention over the whole sequence).
-#include "adapters/page_table_adapters.h"
-
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "adapters/scale_conventions.h"
 #include "gtest/gtest.h"
 #include "kernels/codec/fp4.h"
 #include "kernels/codec/fp8.h"
 #include "kernels/codec/half.h"
 #include "kernels/codec/nvfp4.h"
+#include "kvtier/adapters/block_tables.h"
+#include "kvtier/adapters/flashinfer.h"
+#include "kvtier/adapters/flex_attention.h"
+#include "kvtier/adapters/partial_states.h"
+#include "kvtier/adapters/partition.h"
+#include "kvtier/adapters/scale_conventions.h"
+#include "kvtier/adapters/target.h"
+#include "kvtier/adapters/tensor_view.h"
+#include "kvtier/adapters/tensorrt_llm.h"
+#include "kvtier/attention.h"
 #include "src/attention/reference_attention.h"
 #include "src/status_macros.h"
 #include "tests/test_util.h"

@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "kvtier/cache.h"
+#include "src/relative_error.h"
 #include "tests/test_util.h"
 
 namespace kvtier {
@@ -26,16 +27,6 @@ std::vector<uint16_t> SyntheticKV(int tokens, int heads, int dim, bool keys, uin
     out[i] = codec::FloatToHalf(n(rng) * (outlier ? 10.f : 1.f) + (outlier ? 4.f : 0.f));
   }
   return out;
-}
-
-double RelativeError(const std::vector<float>& got, const std::vector<uint16_t>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double x = codec::HalfToFloat(want[i]);
-    num += (got[i] - x) * (got[i] - x);
-    den += x * x;
-  }
-  return std::sqrt(num / den);
 }
 
 struct Written {
@@ -60,7 +51,7 @@ Written WriteSequence(Cache& cache, int tokens, uint32_t seed) {
 std::pair<double, double> ReadError(Cache& cache, const Written& w, int layer) {
   std::vector<float> k(w.k[layer].size()), v(k.size());
   EXPECT_TRUE(cache.ReadKV(w.seq, layer, absl::MakeSpan(k), absl::MakeSpan(v)).ok());
-  return {RelativeError(k, w.k[layer]), RelativeError(v, w.v[layer])};
+  return {RelativeErrorToHalf(k, w.k[layer]), RelativeErrorToHalf(v, w.v[layer])};
 }
 
 std::vector<BlockId> FullBlocks(Cache& cache, SequenceId seq) {
@@ -222,7 +213,7 @@ TEST(CalibrationTest, PerTensorScalesFollowTheData) {
     ASSERT_TRUE(cache->WriteKV(0, slots, kv).ok());
     std::vector<float> gk(k.size()), gv(k.size());
     ASSERT_TRUE(cache->ReadKV(seq, 0, absl::MakeSpan(gk), absl::MakeSpan(gv)).ok());
-    error[calibrated] = RelativeError(gk, k) + RelativeError(gv, v);
+    error[calibrated] = RelativeErrorToHalf(gk, k) + RelativeErrorToHalf(gv, v);
     if (calibrated) {
       // Scales are fixed once a block holds data encoded with them.
       EXPECT_EQ(cache->CalibrateTensorScales(0, kv).code(), absl::StatusCode::kFailedPrecondition);

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kvtier/attention.h"
 #include "kvtier/cache.h"
-#include "src/attention/decode_attention.h"
 #include "tests/test_util.h"
 
 namespace kvtier {

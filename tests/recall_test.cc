@@ -22,7 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/codec/half.h"
 #include "kvtier/policy.h"
-#include "src/attention/reference_attention.h"
+#include "kvtier/reference_attention.h"
 
 namespace kvtier::tool {
 namespace {

@@ -8,6 +8,9 @@
 
 #include "gtest/gtest.h"
 #include "kvtier/cache.h"
+#include "kvtier/merge_states.h"
+#include "kvtier/reference_attention.h"
+#include "src/attention/attention_contract.h"
 #include "tests/test_util.h"
 
 namespace kvtier {

@@ -1,4 +1,4 @@
-#include "adapters/scale_conventions.h"
+#include "kvtier/adapters/scale_conventions.h"
 
 #include <cmath>
 #include <vector>

@@ -16,11 +16,20 @@
 #include <string>
 #include <vector>
 
-#include "adapters/page_table_adapters.h"
+#include "kvtier/adapters/block_tables.h"
+#include "kvtier/adapters/flashinfer.h"
+#include "kvtier/adapters/flex_attention.h"
+#include "kvtier/adapters/partial_states.h"
+#include "kvtier/adapters/partition.h"
+#include "kvtier/adapters/target.h"
+#include "kvtier/adapters/tensor_view.h"
+#include "kvtier/adapters/tensorrt_llm.h"
+#include "kvtier/attention.h"
 #include "kvtier/cache.h"
 #include "kvtier/format.h"
+#include "kvtier/merge_states.h"
 #include "kvtier/policy.h"
-#include "src/attention/decode_attention.h"
+#include "src/attention/attention_contract.h"
 #include "src/attention/reference_attention.h"
 
 namespace py = pybind11;

@@ -10,6 +10,7 @@
 #include "examples/kvtier/commands.h"
 #include "kernels/codec/half.h"
 #include "kvtier/cache.h"
+#include "src/relative_error.h"
 
 namespace kvtier::tool {
 namespace {
@@ -34,16 +35,6 @@ void Synthesize(const Geometry& g, uint32_t seed, std::vector<uint16_t>* k, std:
     (*k)[i] = codec::FloatToHalf(gain[c] * (mean[c] + n(rng)));
     (*v)[i] = codec::FloatToHalf(n(rng) / std::sqrt(chi(rng) / 3.f));
   }
-}
-
-double RelError(const std::vector<float>& got, const std::vector<uint16_t>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double x = codec::HalfToFloat(want[i]);
-    num += (got[i] - x) * (got[i] - x);
-    den += x * x;
-  }
-  return std::sqrt(num / den);
 }
 
 struct Measured {
@@ -73,8 +64,8 @@ Measured Measure(const std::vector<std::string>& chain, const std::vector<uint16
   }
   std::vector<float> gk(k.size()), gv(v.size());
   if (!(*cache)->ReadKV(seq, 0, absl::MakeSpan(gk), absl::MakeSpan(gv)).ok()) return m;
-  m.k_error = RelError(gk, k);
-  m.v_error = RelError(gv, v);
+  m.k_error = RelativeErrorToHalf(gk, k);
+  m.v_error = RelativeErrorToHalf(gv, v);
   m.bits = (*cache)->GetStats().effective_bits_per_element;
   m.ok = true;
   return m;

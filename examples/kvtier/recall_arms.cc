@@ -4,7 +4,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kvtier/reference_attention.h"
 #include "src/attention/reference_attention.h"
+#include "src/relative_error.h"
 
 namespace kvtier::tool {
 namespace {
@@ -219,12 +221,7 @@ absl::Status ArmRunner::Run(const Trial& trial, bool measure_compute_error, Resu
                                       DecodeQueries{trial.q, q_heads, trial.softmax_scale},
                                       DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse), {}, 0});
       }
-      double num = 0, den = 0;
-      for (size_t i = 0; i < out.size(); ++i) {
-        num += (out[i] - result->out[i]) * static_cast<double>(out[i] - result->out[i]);
-        den += static_cast<double>(out[i]) * out[i];
-      }
-      result->compute_rel_error = den > 0 ? std::sqrt(num / den) : 0;
+      result->compute_rel_error = RelativeError(result->out, out);
     }
   }
   const absl::Status released = cache_->Release(*seq);

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "src/attention/reference_attention.h"
+#include "kvtier/reference_attention.h"
 
 namespace kvtier::tool {
 namespace {

@@ -1,8 +1,10 @@
-#include "src/attention/decode_attention.h"
+#include "kvtier/attention.h"
 
 #include <memory>
 #include <utility>
 
+#include "src/attention/attention_contract.h"
+#include "src/attention/reference_attention.h"
 #include "src/status_macros.h"
 
 #if KVTIER_WITH_CUDA
@@ -77,22 +79,6 @@ absl::Status DecodeAttention(const Cache& cache, int32_t layer, const PreparedDe
   }
 #if KVTIER_WITH_CUDA
   return CudaDecodeAttention(kv, *rep.device, rep.extent, queries, outputs, launch);
-#else
-  (void)launch;
-  return absl::UnavailableError("kvtier was built without CUDA");
-#endif
-}
-
-absl::Status MergeStatesOn(BackendKind backend, absl::Span<const float> out_a,
-                           absl::Span<const float> lse_a, absl::Span<const float> out_b,
-                           absl::Span<const float> lse_b, int64_t rows, int32_t head_dim,
-                           absl::Span<float> out, absl::Span<float> lse,
-                           const DeviceLaunch& launch) {
-  if (backend == BackendKind::kCpu) {
-    return MergeStates(out_a, lse_a, out_b, lse_b, rows, head_dim, out, lse);
-  }
-#if KVTIER_WITH_CUDA
-  return CudaMergeStates(out_a, lse_a, out_b, lse_b, rows, head_dim, out, lse, launch);
 #else
   (void)launch;
   return absl::UnavailableError("kvtier was built without CUDA");

@@ -1,5 +1,6 @@
-// The CUDA side of src/attention/decode_attention.h: the fused decode kernel and the LSE merge
-// kernel behind host-side checks. Compiled in CUDA builds only.
+// The CUDA side of kvtier/attention.h and kvtier/merge_states.h: the fused decode kernel and
+// the LSE merge kernel behind the checks of src/attention/attention_contract.h.
+// Compiled in CUDA builds only.
 #ifndef KVTIER_SRC_CUDA_CUDA_DECODE_ATTENTION_H_
 #define KVTIER_SRC_CUDA_CUDA_DECODE_ATTENTION_H_
 
@@ -9,9 +10,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kvtier/attention.h"
 #include "kvtier/page_tables.h"
-#include "src/attention/decode_attention.h"
-#include "src/attention/reference_attention.h"
+#include "src/attention/attention_contract.h"
 
 namespace kvtier {
 

@@ -17,9 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
+#include "kvtier/attention.h"
 #include "kvtier/cache.h"
 #include "kvtier/format.h"
-#include "src/attention/decode_attention.h"
+#include "kvtier/merge_states.h"
+#include "src/relative_error.h"
 #include "tests/gpu/cache_pair.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
@@ -132,13 +134,9 @@ std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int gr
       }
       continue;
     }
-    double num = 0, den = 0;
-    for (int d = 0; d < g.head_dim; ++d) {
-      const double a = ref.out[r * g.head_dim + d], b = got.out[r * g.head_dim + d];
-      num += (a - b) * (a - b);
-      den += a * a;
-    }
-    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    const size_t first = r * g.head_dim;
+    const double rel = RelativeError(absl::MakeConstSpan(got.out).subspan(first, g.head_dim),
+                                     absl::MakeConstSpan(ref.out).subspan(first, g.head_dim));
     const double dl = std::fabs(static_cast<double>(ref.lse[r]) - got.lse[r]);
     if (!(rel <= kOutTolerance) || !(dl <= kLseTolerance)) {
       return absl::StrCat("row ", r, " (sequence ", r / q_heads, ", ", length,

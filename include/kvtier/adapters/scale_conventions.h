@@ -20,6 +20,7 @@
 #define KVTIER_ADAPTERS_SCALE_CONVENTIONS_H_
 
 #include "absl/status/statusor.h"
+#include "kvtier/export.h"
 #include "kvtier/format.h"
 
 namespace kvtier {
@@ -36,10 +37,12 @@ enum class ScaleConvention {
 
 // kvtier's scale `s` of a codec of `type` expressed in `convention`. InvalidArgument for
 // FP16/BF16 (no scale), for kAmaxOver6 with FP8, and for a non-finite or non-positive s.
-absl::StatusOr<float> ToConvention(float s, ElementType type, ScaleConvention convention);
+KVTIER_EXPORT absl::StatusOr<float> ToConvention(float s, ElementType type,
+                                                ScaleConvention convention);
 
 // The inverse: kvtier's scale from a value in `convention`. Same errors.
-absl::StatusOr<float> FromConvention(float value, ElementType type, ScaleConvention convention);
+KVTIER_EXPORT absl::StatusOr<float> FromConvention(float value, ElementType type,
+                                                  ScaleConvention convention);
 
 }  // namespace kvtier
 

@@ -1,49 +1,43 @@
 // PyTorch FlexAttention's PagedAttention: page_table / physical_to_logical (int64, -1 none) over
 // a gathered copy of a part's pages, and the gather itself (a copy, CPU backend only).
+#include "kvtier/adapters/flex_attention.h"
+
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "adapters/adapter_internal.h"
-#include "adapters/page_table_adapters.h"
 #include "src/status_macros.h"
 
 namespace kvtier {
 
 absl::StatusOr<std::vector<FlexAttentionPart>> BuildFlexAttentionParts(const Options& options,
                                                                        const PageTables& tables) {
-  KVTIER_ASSIGN_OR_RETURN(
-      std::vector<FormatPart> parts,
-      adapter_internal::ReadableParts(AdapterTarget::kFlexAttention, options, tables));
-  std::vector<FlexAttentionPart> out;
-  for (const FormatPart& part : parts) {
-    FlexAttentionPart t;
-    t.format = part.format;
-    t.batch_index = part.batch_index;
-    // Physical pages of the copy: each distinct kvtier page once (forks share pages), in order
-    // of first use.
-    absl::flat_hash_map<int32_t, int64_t> physical;
-    for (int32_t page : part.indices) {
-      if (physical.try_emplace(page, static_cast<int64_t>(t.source_pages.size())).second) {
-        t.source_pages.push_back(page);
-      }
-    }
-    t.n_pages = static_cast<int64_t>(t.source_pages.size());
-    const size_t cells = static_cast<size_t>(part.rows()) * t.n_pages;
-    t.page_table.assign(cells, -1);
-    t.physical_to_logical.assign(cells, -1);
-    for (int64_t r = 0; r < part.rows(); ++r) {
-      for (int32_t i = part.indptr[r]; i < part.indptr[r + 1]; ++i) {
-        const int64_t logical = i - part.indptr[r];
-        const int64_t p = physical.at(part.indices[i]);
-        t.page_table[r * t.n_pages + logical] = p;
-        t.physical_to_logical[r * t.n_pages + p] = logical;
-      }
-      t.seq_lens.push_back(part.lengths[r]);
-    }
-    out.push_back(std::move(t));
-  }
-  return out;
+  return adapter_internal::BuildParts<FlexAttentionPart>(
+      AdapterTarget::kFlexAttention, options, tables,
+      [](const FormatPart& part, FlexAttentionPart* t) {
+        // Physical pages of the copy: each distinct kvtier page once (forks share pages), in
+        // order of first use.
+        absl::flat_hash_map<int32_t, int64_t> physical;
+        for (int32_t page : part.indices) {
+          if (physical.try_emplace(page, static_cast<int64_t>(t->source_pages.size())).second) {
+            t->source_pages.push_back(page);
+          }
+        }
+        t->n_pages = static_cast<int64_t>(t->source_pages.size());
+        const size_t cells = static_cast<size_t>(part.rows()) * t->n_pages;
+        t->page_table.assign(cells, -1);
+        t->physical_to_logical.assign(cells, -1);
+        for (int64_t r = 0; r < part.rows(); ++r) {
+          for (int32_t i = part.indptr[r]; i < part.indptr[r + 1]; ++i) {
+            const int64_t logical = i - part.indptr[r];
+            const int64_t p = physical.at(part.indices[i]);
+            t->page_table[r * t->n_pages + logical] = p;
+            t->physical_to_logical[r * t->n_pages + p] = logical;
+          }
+        }
+        return absl::OkStatus();
+      });
 }
 
 absl::Status GatherFlexKV(const Cache& cache, int32_t format, int32_t layer,

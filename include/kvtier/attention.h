@@ -1,0 +1,117 @@
+// Decode attention over a cache's pages, with the backend of the cache: the CPU reference on the
+// CPU backend, kvtier's fused mixed-format kernel on the CUDA backend (docs/attention.md).
+//
+// One engine step:
+//   cache->BuildPageTables(batch, &tables);
+//   auto step = kvtier::PreparedDecode::Create(*cache, tables);    // once per step
+//   for each layer: kvtier::DecodeAttention(*cache, layer, *step, queries, outputs);
+//
+// Math: logits l_i = softmax_scale * (q . k_i); LSE = log(sum_i exp(l_i)) in natural log;
+// output = sum_i exp(l_i - LSE) v_i. GQA: query head h reads KV head
+// h / (num_q_heads / num_kv_heads). An empty sequence (length 0) returns a zero output and
+// LSE = -inf. The CPU path accumulates in double and decodes every page with the cache's own
+// codecs, so it sees exactly what the cache stores; the fused kernel's accuracy against it is
+// stated in docs/attention.md.
+//
+// Thread-safety: the functions are thread-compatible; they read the pools without locking, so
+// the caller must not write, demote or release the sequences being attended until the attention
+// has finished (on the device, for the CUDA backend).
+#ifndef KVTIER_ATTENTION_H_
+#define KVTIER_ATTENTION_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvtier/cache.h"
+#include "kvtier/export.h"
+#include "kvtier/page_tables.h"
+
+namespace kvtier {
+
+// The queries of one decode step. On the CUDA backend `q` describes device memory.
+struct DecodeQueries {
+  absl::Span<const float> q;     // [batch, num_q_heads, head_dim]
+  int32_t num_q_heads = 0;       // REQUIRES: a positive multiple of num_kv_heads
+  float softmax_scale = 0.f;     // usually 1 / sqrt(head_dim)
+};
+
+// Where results go. The caller owns the memory (device memory on the CUDA backend).
+struct DecodeOutputs {
+  absl::Span<float> out;  // [batch, num_q_heads, head_dim]
+  absl::Span<float> lse;  // [batch, num_q_heads], natural log
+  // Optional (empty to skip; CPU backend only): the scaled logits l_i,
+  // [batch, num_q_heads, logits_stride]; key i of sequence b at [b][h][i]; entries at or beyond
+  // the sequence's length are set to -inf.
+  // REQUIRES when given: logits_stride >= every sequence's length.
+  absl::Span<float> logits;
+  int64_t logits_stride = 0;
+};
+
+// How work on the CUDA backend is launched; ignored on the CPU backend.
+struct DeviceLaunch {
+  void* stream = nullptr;    // a cudaStream_t. Default: the legacy default stream
+  bool synchronize = false;  // wait for the work to finish. Default: return once enqueued
+};
+
+// Decode attention over `layer` of `cache` for the batch of `tables` (BuildPageTables of this
+// step), using tables.packed_indptr / packed / seq_lens. CPU backend: the reference on host
+// spans (`launch` is ignored). CUDA backend: the fused kernel; `tables` are copied to the device
+// by the call (so they may be freed when it returns) and the work runs on launch.stream;
+// outputs.logits must be empty there.
+// InvalidArgument for inconsistent shapes: spans of the wrong size, num_q_heads not a multiple
+// of num_kv_heads, a sequence whose page count does not match its length, a packed entry naming
+// a format outside the palette or a page outside its pool; also, on CUDA, for a head_dim other
+// than 128, pages of other than 16 tokens, GQA groups over 16, or BF16 pages, which the fused
+// kernel does not read. Unavailable in builds without CUDA; Internal for a CUDA error.
+KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
+                                           const PageTables& tables, const DecodeQueries& queries,
+                                           const DecodeOutputs& outputs,
+                                           const DeviceLaunch& launch = {});
+
+// A decode step's page tables made ready once for every layer's DecodeAttention of that step:
+// checked against the cache's palette and, on the CUDA backend, copied to the device on
+// launch.stream (Create does not synchronize). An engine makes one per step after
+// BuildPageTables and passes it to each layer's call, which on CUDA then does no per-page host
+// work and no copy. Valid, like the tables, until the cache changes (Append, Demote, EndStep):
+// a stale step is not detected, only pages outside the pools are. Move-only.
+// REQUIRES (CUDA): the attention calls run on Create's stream or on streams ordered after the
+// upload (e.g. by an event the caller records on Create's stream), and the step is destroyed
+// after them, or once they have finished when they run on other streams: its device copy is
+// freed on Create's stream when it is destroyed.
+// Thread-safety: const methods may be called concurrently.
+class KVTIER_EXPORT PreparedDecode {
+ public:
+  // InvalidArgument when the tables are inconsistent (as DecodeAttention says) or name a format
+  // outside the palette; Unavailable on CUDA in builds without CUDA; Internal for a CUDA error.
+  static absl::StatusOr<PreparedDecode> Create(const Cache& cache, const PageTables& tables,
+                                               const DeviceLaunch& launch = {});
+  PreparedDecode(PreparedDecode&&) noexcept;
+  PreparedDecode& operator=(PreparedDecode&&) noexcept;
+  ~PreparedDecode();
+
+  int64_t batch() const;  // sequences in the step; 0 when moved from
+
+ private:
+  struct Rep;
+  explicit PreparedDecode(std::unique_ptr<Rep> rep);
+  friend absl::Status DecodeAttention(const Cache&, int32_t, const PreparedDecode&,
+                                      const DecodeQueries&, const DecodeOutputs&,
+                                      const DeviceLaunch&);
+  std::unique_ptr<Rep> rep_;
+};
+
+// DecodeAttention over a prepared step: the same results as with the step's PageTables.
+// InvalidArgument for a cache other than the one the step was prepared for, when a page of the
+// step is outside this layer's pools, for spans not shaped for step.batch() sequences, and as
+// the table overload otherwise; FailedPrecondition for a moved-from step.
+KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
+                                           const PreparedDecode& step, const DecodeQueries& queries,
+                                           const DecodeOutputs& outputs,
+                                           const DeviceLaunch& launch = {});
+
+}  // namespace kvtier
+
+#endif  // KVTIER_ATTENTION_H_

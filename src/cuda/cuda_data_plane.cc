@@ -1,0 +1,222 @@
+// CudaBackend's data plane (src/cuda/cuda_backend.h): the staging of small host arrays for
+// upload, the non-finite input counter, and the kernels and copies that write, read, requantize
+// and copy pages. The memory side (pools, slabs, events, fences) is in cuda_backend.cc.
+#include <algorithm>
+#include <cstring>
+
+#include "src/cuda/cuda_backend.h"
+
+namespace kvtier {
+namespace {
+
+bool SameCodec(const CodecLayout& a, const CodecLayout& b) {
+  return a.type == b.type && a.scope == b.scope && a.axis == b.axis &&
+         a.row_bytes == b.row_bytes && a.payload_offset == b.payload_offset &&
+         a.micro_offset == b.micro_offset && a.scale_offset == b.scale_offset;
+}
+
+bool SameLayout(const PageLayout& a, const PageLayout& b) {
+  return a.heads == b.heads && a.tokens == b.tokens && a.head_dim == b.head_dim &&
+         a.page_bytes == b.page_bytes && a.data_bytes == b.data_bytes && SameCodec(a.k, b.k) &&
+         SameCodec(a.v, b.v);
+}
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+// ---- Staging of small host arrays ----
+
+absl::StatusOr<void*> CudaBackend::StageHost(size_t bytes) {
+  next_staging_ = (next_staging_ + 1) % kStagingSlots;
+  StagingSlot& s = staging_[next_staging_];
+  // The copy that last read this buffer (kStagingSlots stagings ago) must have completed.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(s.copied));
+  if (s.bytes < bytes) {
+    const size_t want = std::max<size_t>(RoundUp(bytes, size_t{64} << 10), 2 * s.bytes);
+    if (s.host != nullptr) KVTIER_CUDA_RETURN_IF_ERROR(cudaFreeHost(s.host));
+    s.host = nullptr;
+    s.bytes = 0;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaMallocHost(&s.host, want));
+    s.bytes = want;
+  }
+  return s.host;
+}
+
+absl::Status CudaBackend::GrowDevice(void** buffer, size_t* capacity, size_t bytes) {
+  if (*capacity >= bytes) return absl::OkStatus();
+  // Stream-ordered: work already queued that reads the old buffer runs first.
+  const size_t want = std::max<size_t>(RoundUp(bytes, size_t{64} << 10), 2 * *capacity);
+  if (*buffer != nullptr) KVTIER_CUDA_RETURN_IF_ERROR(cudaFreeAsync(*buffer, stream_));
+  *buffer = nullptr;
+  *capacity = 0;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMallocAsync(buffer, want, stream_));
+  *capacity = want;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> CudaBackend::Upload(size_t bytes) {
+  KVTIER_RETURN_IF_ERROR(GrowDevice(&device_staging_, &device_staging_bytes_, bytes));
+  StagingSlot& s = staging_[next_staging_];
+  KVTIER_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(device_staging_, s.host, bytes, cudaMemcpyHostToDevice, stream_));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.copied, stream_));
+  return device_staging_;
+}
+
+// ---- Non-finite counter ----
+
+void CudaBackend::SnapshotNonfinite() {
+  if (nonfinite_sink_ == nullptr || snapshot_free_.empty()) return;
+  const int i = snapshot_free_.back();
+  if (cudaMemcpyAsync(&snapshots_[i], nonfinite_device_, sizeof(uint64_t),
+                      cudaMemcpyDeviceToHost, stream_) != cudaSuccess ||
+      cudaEventRecord(snapshot_done_[i], stream_) != cudaSuccess) {
+    return;  // a later snapshot takes the count
+  }
+  snapshot_free_.pop_back();
+  snapshot_pending_.push_back(i);
+}
+
+void CudaBackend::FoldNonfinite() {
+  while (!snapshot_pending_.empty() &&
+         cudaEventQuery(snapshot_done_[snapshot_pending_.front()]) == cudaSuccess) {
+    const int i = snapshot_pending_.front();
+    snapshot_pending_.pop_front();
+    snapshot_free_.push_back(i);
+    const uint64_t value = snapshots_[i];
+    if (value > folded_) {
+      *nonfinite_sink_ += static_cast<int64_t>(value - folded_);
+      folded_ = value;
+    }
+  }
+}
+
+// ---- Data plane ----
+
+absl::Status CudaBackend::WriteRows(const PoolView& pool, absl::Span<const int64_t> slots,
+                                    const KVInput& kv, int64_t* nonfinite) {
+  KVTIER_RETURN_IF_ERROR(sticky_);
+  if (kv.dtype != DType::kFloat16 && kv.dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError("K/V input must be FP16 or BF16");
+  }
+  if (slots.empty()) return absl::OkStatus();
+  if (nonfinite != nonfinite_sink_) {
+    FoldNonfinite();
+    nonfinite_sink_ = nonfinite;
+  }
+  const PageLayout& l = pool.layout;
+  const size_t bytes = slots.size() * sizeof(gpu::RowSlot);
+  KVTIER_ASSIGN_OR_RETURN(void* host, StageHost(bytes));
+  auto* rows = static_cast<gpu::RowSlot*>(host);
+  const uint32_t tokens = static_cast<uint32_t>(l.tokens);
+  if ((tokens & (tokens - 1)) == 0) {  // the usual case: shifts, which the compiler vectorizes
+    const int shift = __builtin_ctz(tokens);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      rows[i].page = static_cast<uint32_t>(static_cast<uint64_t>(slots[i]) >> shift);
+      rows[i].token = static_cast<uint32_t>(slots[i]) & (tokens - 1);
+    }
+  } else {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      rows[i].page = static_cast<uint32_t>(slots[i] / tokens);
+      rows[i].token = static_cast<uint32_t>(slots[i] % tokens);
+    }
+  }
+  KVTIER_ASSIGN_OR_RETURN(void* device_rows, Upload(bytes));
+  gpu::WriteRowsParams p;
+  p.base = pool.base;
+  p.layout = l;
+  p.k_scale = pool.k_tensor_scale;
+  p.v_scale = pool.v_tensor_scale;
+  p.slots = static_cast<const gpu::RowSlot*>(device_rows);
+  p.num_rows = static_cast<int64_t>(slots.size());
+  p.k = kv.k;
+  p.v = kv.v;
+  p.bf16 = kv.dtype == DType::kBFloat16;
+  p.nonfinite = nonfinite_device_;
+  p.num_sms = num_sms_;
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchWriteRows(p, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ReadPage(const PoolView& pool, uint32_t page, int num_tokens, float* k,
+                                   float* v) {
+  KVTIER_RETURN_IF_ERROR(sticky_);
+  if (num_tokens <= 0) return absl::OkStatus();
+  const PageLayout& l = pool.layout;
+  const size_t floats = static_cast<size_t>(num_tokens) * l.heads * l.head_dim;
+  KVTIER_RETURN_IF_ERROR(GrowDevice(&scratch_, &scratch_bytes_, 2 * floats * sizeof(float)));
+  gpu::ReadPageParams p;
+  p.page = pool.base + static_cast<size_t>(page) * l.page_bytes;
+  p.layout = l;
+  p.k_scale = pool.k_tensor_scale;
+  p.v_scale = pool.v_tensor_scale;
+  p.num_tokens = num_tokens;
+  p.k = static_cast<float*>(scratch_);
+  p.v = p.k + floats;
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchReadPage(p, stream_));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(k, p.k, floats * sizeof(float),
+                                              cudaMemcpyDeviceToHost, stream_));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v, p.v, floats * sizeof(float),
+                                              cudaMemcpyDeviceToHost, stream_));
+  SnapshotNonfinite();
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  FoldNonfinite();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Requantize(absl::Span<const PoolView> from,
+                                     absl::Span<const PoolView> to,
+                                     absl::Span<const uint32_t> src_pages,
+                                     absl::Span<const uint32_t> dst_pages) {
+  KVTIER_RETURN_IF_ERROR(sticky_);
+  if (from.size() != to.size() || src_pages.size() != dst_pages.size() || from.empty()) {
+    return absl::InvalidArgumentError("Requantize: mismatched layer or page lists");
+  }
+  if (src_pages.empty()) return absl::OkStatus();
+  for (size_t l = 1; l < from.size(); ++l) {
+    if (!SameLayout(from[l].layout, from[0].layout) || !SameLayout(to[l].layout, to[0].layout)) {
+      return absl::InvalidArgumentError("Requantize: page layouts differ between layers");
+    }
+  }
+  const size_t layers = from.size();
+  const size_t n = src_pages.size();
+  const size_t table = layers * sizeof(gpu::LayerPools);
+  const size_t bytes = table + 2 * n * sizeof(uint32_t);
+  KVTIER_ASSIGN_OR_RETURN(void* host, StageHost(bytes));
+  auto* pools = static_cast<gpu::LayerPools*>(host);
+  for (size_t l = 0; l < layers; ++l) {
+    pools[l].src = from[l].base;
+    pools[l].dst = to[l].base;
+    pools[l].src_k_scale = from[l].k_tensor_scale;
+    pools[l].src_v_scale = from[l].v_tensor_scale;
+    pools[l].dst_k_scale = to[l].k_tensor_scale;
+    pools[l].dst_v_scale = to[l].v_tensor_scale;
+  }
+  auto* pages = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(host) + table);
+  std::memcpy(pages, src_pages.data(), n * sizeof(uint32_t));
+  std::memcpy(pages + n, dst_pages.data(), n * sizeof(uint32_t));
+  KVTIER_ASSIGN_OR_RETURN(void* device, Upload(bytes));
+  gpu::RequantizeParams p;
+  p.src = from[0].layout;
+  p.dst = to[0].layout;
+  p.layers = static_cast<const gpu::LayerPools*>(device);
+  p.src_pages = reinterpret_cast<const uint32_t*>(static_cast<uint8_t*>(device) + table);
+  p.dst_pages = p.src_pages + n;
+  p.num_layers = static_cast<int32_t>(layers);
+  p.num_blocks = static_cast<int32_t>(n);
+  p.fast = fast_;
+  p.variant = variant_;
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchRequantize(p, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) {
+  KVTIER_RETURN_IF_ERROR(sticky_);
+  const size_t bytes = pool.layout.page_bytes;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pool.base + dst * bytes, pool.base + src * bytes,
+                                              bytes, cudaMemcpyDeviceToDevice, stream_));
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier
