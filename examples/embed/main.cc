@@ -110,9 +110,8 @@ bool DecodeStep(const kvtier::Cache& cache, kvtier::SequenceId seq,
   const kvtier::DecodeQueries queries{q, kQHeads, scale};
   absl::StatusOr<kvtier::PreparedDecode> step = kvtier::PreparedDecode::Create(cache, tables);
   if (!Ok(step.status(), "PreparedDecode::Create")) return false;
-  if (!Ok(kvtier::DecodeAttention(cache, 0, *step, queries,
-                                  kvtier::DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse)}),
-          "DecodeAttention")) {
+  const kvtier::DecodeOutputs outputs{absl::MakeSpan(out), absl::MakeSpan(lse), {}, 0};
+  if (!Ok(kvtier::DecodeAttention(cache, 0, *step, queries, outputs), "DecodeAttention")) {
     return false;
   }
   double worst = 0;
@@ -127,7 +126,7 @@ bool DecodeStep(const kvtier::Cache& cache, kvtier::SequenceId seq,
   const kvtier::DenseSequence sequence{k, v, kTokens};
   if (!Ok(kvtier::DenseDecodeAttention({sequence}, kHeads, kDim, queries,
                                        kvtier::DecodeOutputs{absl::MakeSpan(dense),
-                                                             absl::MakeSpan(dense_lse)}),
+                                                             absl::MakeSpan(dense_lse), {}, 0}),
           "DenseDecodeAttention")) {
     return false;
   }
