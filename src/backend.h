@@ -66,6 +66,12 @@ class Backend {
 
 std::unique_ptr<Backend> MakeCpuBackend();
 
+// A cache over `backend` (Cache::Create picks the backend from options.backend; tests pass a
+// fault-injecting one). Errors as Cache::Create's, and ResourceExhausted when the host cannot
+// hold the block metadata that the budget needs. Never throws.
+absl::StatusOr<std::unique_ptr<Cache>> CreateCache(const Options& options,
+                                                   std::unique_ptr<Backend> backend);
+
 // The CUDA backend on the current device. Unavailable (with the reason) when no driver or
 // device is present. Defined only in builds with KVTIER_WITH_CUDA.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend();

@@ -1,5 +1,8 @@
 #include "kvtier/cache.h"
 
+#include <new>
+
+#include "absl/strings/str_cat.h"
 #include "src/backend.h"
 #include "src/cache_impl.h"
 #include "src/status_macros.h"
@@ -20,8 +23,26 @@ absl::Status Cache::Append(SequenceId seq, int64_t num_tokens, std::vector<int64
 
 absl::Status Cache::AppendTokens(SequenceId seq, absl::Span<const int32_t> tokens,
                                  std::vector<int64_t>* slots) {
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError("AppendTokens: tokens is empty; pass at least one token id");
+  }
   const int64_t n = static_cast<int64_t>(tokens.size());
   return AppendBatch(absl::MakeConstSpan(&seq, 1), absl::MakeConstSpan(&n, 1), tokens, slots);
+}
+
+absl::StatusOr<std::unique_ptr<Cache>> CreateCache(const Options& options,
+                                                   std::unique_ptr<Backend> backend) {
+  KVTIER_RETURN_IF_ERROR(ValidateOptions(options));
+  if (backend == nullptr) return absl::InvalidArgumentError("CreateCache: backend is null");
+  try {  // metadata is sized from the budget up front: the one allocation that may not fit
+    KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<CacheImpl> cache,
+                            CacheImpl::Create(options, std::move(backend)));
+    return std::unique_ptr<Cache>(std::move(cache));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no host memory for the block metadata of a ", options.memory_budget_bytes,
+        "-byte budget"));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(const Options& options) {
@@ -40,9 +61,7 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(const Options& options) {
 #endif
     }
   }
-  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<CacheImpl> cache,
-                          CacheImpl::Create(options, std::move(backend)));
-  return std::unique_ptr<Cache>(std::move(cache));
+  return CreateCache(options, std::move(backend));
 }
 
 }  // namespace kvtier

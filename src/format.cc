@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -32,6 +33,15 @@ const char* TypeName(const CodecSpec& c) {
   return "?";
 }
 
+// A caller's name as error messages echo it: its first 64 bytes, non-printable bytes (NUL
+// included) escaped, and the full length when it was cut.
+std::string Quoted(absl::string_view name) {
+  constexpr size_t kMaxEcho = 64;
+  if (name.size() <= kMaxEcho) return absl::StrCat("'", absl::CHexEscape(name), "'");
+  return absl::StrCat("'", absl::CHexEscape(name.substr(0, kMaxEcho)), "...' (", name.size(),
+                      " bytes)");
+}
+
 }  // namespace
 
 int PayloadBits(ElementType type) {
@@ -46,6 +56,14 @@ int PayloadBits(ElementType type) {
 }
 
 absl::Status ValidateCodec(const CodecSpec& c) {
+  // Enums from a caller (or an engine's bindings) may hold any byte.
+  if (c.type > ElementType::kNvfp4 || c.scope > ScaleScope::kTokenHead ||
+      c.axis > MicroAxis::kTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "codec: element type ", static_cast<int>(c.type), ", scale scope ",
+        static_cast<int>(c.scope), ", micro axis ", static_cast<int>(c.axis),
+        ": an enum is out of range (type 0-4, scope 0-3, axis 0-1)"));
+  }
   const bool unscaled = c.type == ElementType::kFp16 || c.type == ElementType::kBf16;
   if (unscaled != (c.scope == ScaleScope::kNone)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -88,7 +106,7 @@ std::string FormatName(const FormatSpec& f) {
 absl::StatusOr<CodecSpec> ParseCodec(absl::string_view name) {
   const std::vector<absl::string_view> parts = absl::StrSplit(name, '/');
   if (parts.size() > 2) {
-    return absl::InvalidArgumentError(absl::StrCat("codec '", name, "': too many '/'"));
+    return absl::InvalidArgumentError(absl::StrCat("codec ", Quoted(name), ": too many '/'"));
   }
   CodecSpec c;
   const absl::string_view type = parts[0];
@@ -107,8 +125,8 @@ absl::StatusOr<CodecSpec> ParseCodec(absl::string_view name) {
     c.axis = MicroAxis::kTokens;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "codec '", name,
-        "': unknown element type (fp16, bf16, fp8_e4m3, fp8_e5m2, nvfp4, nvfp4_channel)"));
+        "codec ", Quoted(name),
+        ": unknown element type (fp16, bf16, fp8_e4m3, fp8_e5m2, nvfp4, nvfp4_channel)"));
   }
   if (parts.size() == 2) {
     bool found = false;
@@ -120,7 +138,7 @@ absl::StatusOr<CodecSpec> ParseCodec(absl::string_view name) {
     }
     if (!found) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "codec '", name, "': unknown scale scope (tensor, block_head, token_head)"));
+          "codec ", Quoted(name), ": unknown scale scope (tensor, block_head, token_head)"));
     }
   }
   absl::Status valid = ValidateCodec(c);
@@ -137,7 +155,7 @@ absl::StatusOr<FormatSpec> ParseFormat(absl::string_view name) {
   const std::vector<absl::string_view> sides = absl::StrSplit(name, ',');
   if (sides.size() != 2 || !absl::StartsWith(sides[1], "v:")) {
     return absl::InvalidArgumentError(
-        absl::StrCat("format '", name, "': expected 'k:<codec>,v:<codec>'"));
+        absl::StrCat("format ", Quoted(name), ": expected 'k:<codec>,v:<codec>'"));
   }
   absl::StatusOr<CodecSpec> k = ParseCodec(absl::StripPrefix(sides[0], "k:"));
   if (!k.ok()) return k.status();

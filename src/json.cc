@@ -1,7 +1,11 @@
 #include "src/json.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvtier {
@@ -64,9 +68,13 @@ class Parser {
 
   bool Number(JsonValue* v) {
     const std::string token(text_.substr(pos_, text_.find_first_of(",]} \n\t\r", pos_) - pos_));
+    // JSON's grammar only (strtod alone would take "nan", "inf" and hexadecimal too).
+    const bool json_chars = !token.empty() && (token[0] == '-' || absl::ascii_isdigit(token[0])) &&
+                            token.find_first_not_of("0123456789+-.eE") == std::string::npos;
     char* end = nullptr;
-    v->number = std::strtod(token.c_str(), &end);
-    if (token.empty() || end != token.c_str() + token.size()) return Failed("expected a value");
+    v->number = json_chars ? std::strtod(token.c_str(), &end) : 0;
+    if (!json_chars || end != token.c_str() + token.size()) return Failed("expected a value");
+    if (!std::isfinite(v->number)) return Failed("number out of range");
     v->type = JsonValue::Type::kNumber;
     pos_ += token.size();
     return true;
@@ -86,14 +94,18 @@ class Parser {
           case 'b': c = '\b'; break;
           case 'f': c = '\f'; break;
           case 'u': {
-            if (pos_ + 4 > text_.size()) return Failed("bad \\u escape");
-            const long code = std::strtol(std::string(text_.substr(pos_, 4)).c_str(), nullptr, 16);
+            const absl::string_view hex = text_.substr(pos_, 4);
+            if (hex.size() != 4 || !std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit)) {
+              return Failed("\\u needs four hexadecimal digits");
+            }
+            const long code = std::strtol(std::string(hex).c_str(), nullptr, 16);
             if (code > 0xFF) return Failed("\\u escape beyond Latin-1");
             c = static_cast<char>(code);
             pos_ += 4;
             break;
           }
-          default: c = e;  // \" \\ \/
+          case '"': case '\\': case '/': c = e; break;
+          default: return Failed("unknown escape");
         }
       }
       out->push_back(c);
@@ -126,7 +138,12 @@ class Parser {
       SkipSpace();
       if (pos_ >= text_.size() || text_[pos_] != '"') return Failed("expected a member name");
       std::string key;
+      const size_t key_at = pos_;
       if (!String(&key)) return false;
+      if (v->Find(key) != nullptr) {
+        pos_ = key_at;
+        return Failed(absl::StrCat("duplicate member \"", absl::CHexEscape(key), "\""));
+      }
       SkipSpace();
       if (!Consume(":")) return Failed("expected ':'");
       v->members.emplace_back(std::move(key), JsonValue{});
@@ -152,5 +169,22 @@ const JsonValue* JsonValue::Find(absl::string_view key) const {
 }
 
 absl::StatusOr<JsonValue> ParseJson(absl::string_view text) { return Parser(text).ParseDocument(); }
+
+std::string JsonQuote(absl::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (byte < 0x20) {
+      absl::StrAppend(&out, "\\u00", absl::Hex(byte, absl::kZeroPad2));
+    } else {
+      out.push_back(c);
+    }
+  }
+  out.push_back('"');
+  return out;
+}
 
 }  // namespace kvtier

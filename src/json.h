@@ -1,5 +1,5 @@
-// A small JSON reader for configuration files (policies). Numbers are doubles; strings support
-// the standard escapes except \u beyond Latin-1.
+// A small JSON reader for configuration files (policies). Numbers are finite doubles; strings
+// support the standard escapes except \u beyond Latin-1; a member name appears once per object.
 //
 // Thread-safe (pure functions).
 #ifndef KVTIER_SRC_JSON_H_
@@ -29,6 +29,9 @@ struct JsonValue {
 
 // InvalidArgument with the byte offset of the first error.
 absl::StatusOr<JsonValue> ParseJson(absl::string_view text);
+
+// `text` as a JSON string literal, quotes included, that ParseJson reads back byte for byte.
+std::string JsonQuote(absl::string_view text);
 
 }  // namespace kvtier
 

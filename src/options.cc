@@ -1,12 +1,18 @@
 #include "kvtier/options.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/page_layout.h"
+#include "src/status_macros.h"
 
 namespace kvtier {
 namespace {
+
+// Blocks whose metadata a cache may hold: one per page the whole budget holds in the palette's
+// densest format (about 100 bytes of host metadata each, 1.6 GiB at the limit).
+constexpr uint64_t kMaxBlocks = uint64_t{1} << 24;
 
 absl::Status Invalid(absl::string_view field, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("Options.", field, ": ", why));
@@ -30,10 +36,70 @@ absl::Status CheckAmax(absl::string_view field, const std::vector<float>& amax, 
   return absl::OkStatus();
 }
 
+// Checks the palette's formats, one by one, against the geometry and the slab size, and sets
+// *densest to the most pages of any of them that one slab holds.
+absl::Status CheckPalette(const Options& o, uint64_t* densest) {
+  const Geometry& g = o.geometry;
+  if (o.palette.empty() || o.palette.size() > 8) {
+    return Invalid("palette", absl::StrCat("has ", o.palette.size(), " formats; 1 to 8 allowed"));
+  }
+  *densest = 0;
+  for (size_t i = 0; i < o.palette.size(); ++i) {
+    const FormatSpec& f = o.palette[i];
+    const std::string field = absl::StrCat("palette[", i, "]");
+    for (const CodecSpec* c : {&f.k, &f.v}) {
+      const absl::Status s = ValidateCodec(*c);
+      if (!s.ok()) return Invalid(field, s.message());
+      if (c->axis == MicroAxis::kTokens && g.block_tokens % kMicroBlock != 0) {
+        return Invalid(field, "NVFP4 along tokens needs block_tokens to be a multiple of 16");
+      }
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (o.palette[j] == f) return Invalid(field, absl::StrCat(FormatName(f), " appears twice"));
+    }
+    const PageLayout layout = MakePageLayout(g.num_kv_heads, g.block_tokens, g.head_dim, f);
+    if (layout.page_bytes > o.slab_bytes) {
+      return Invalid(field, absl::StrCat("a page of ", layout.page_bytes,
+                                         " bytes does not fit a slab of ", o.slab_bytes));
+    }
+    *densest = std::max<uint64_t>(*densest, o.slab_bytes / layout.page_bytes);
+  }
+  if (!IsTokenWise(o.palette[0])) {
+    return Invalid("palette[0]", absl::StrCat("the hot format ", FormatName(o.palette[0]),
+                                              " needs whole blocks to compute its scales; use "
+                                              "FP16, BF16, or a per-tensor or per-token scale"));
+  }
+  return absl::OkStatus();
+}
+
+// The budget against the palette: with several formats, at least two slabs per layer (a
+// demotion reads a slab of its source while it writes one of its target), and block metadata
+// that stays bounded.
+absl::Status CheckBudget(const Options& o, uint64_t densest) {
+  const uint64_t slabs = o.memory_budget_bytes / o.slab_bytes / o.geometry.num_layers;
+  if (o.palette.size() > 1 && slabs < 2) {
+    return Invalid("memory_budget_bytes",
+                   absl::StrCat(o.memory_budget_bytes, " holds one slab of ", o.slab_bytes,
+                                " bytes per layer: a palette of ", o.palette.size(),
+                                " formats needs two, or no block can ever be demoted"));
+  }
+  if (slabs > kMaxBlocks / densest) {
+    return Invalid("memory_budget_bytes",
+                   absl::StrCat(o.memory_budget_bytes, " holds up to ", slabs, " x ", densest,
+                                " blocks per layer; block metadata is limited to ", kMaxBlocks,
+                                " blocks; lower the budget or use larger pages"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateOptions(const Options& o) {
   const Geometry& g = o.geometry;
+  if (o.backend != BackendKind::kCpu && o.backend != BackendKind::kCuda) {
+    return Invalid("backend", absl::StrCat(static_cast<int>(o.backend),
+                                           " is not a BackendKind (kCpu or kCuda)"));
+  }
   absl::Status s = CheckRange("geometry.num_layers", g.num_layers, 1, 1024);
   if (s.ok()) s = CheckRange("geometry.num_kv_heads", g.num_kv_heads, 1, 256);
   if (s.ok()) s = CheckRange("geometry.head_dim", g.head_dim, 16, 1024);
@@ -51,33 +117,9 @@ absl::Status ValidateOptions(const Options& o) {
                    absl::StrCat(o.memory_budget_bytes, " holds no slab of ", o.slab_bytes,
                                 " bytes in each of ", g.num_layers, " layers"));
   }
-  if (o.palette.empty() || o.palette.size() > 8) {
-    return Invalid("palette", absl::StrCat("has ", o.palette.size(), " formats; 1 to 8 allowed"));
-  }
-  for (size_t i = 0; i < o.palette.size(); ++i) {
-    const FormatSpec& f = o.palette[i];
-    const std::string field = absl::StrCat("palette[", i, "]");
-    for (const CodecSpec* c : {&f.k, &f.v}) {
-      s = ValidateCodec(*c);
-      if (!s.ok()) return Invalid(field, s.message());
-      if (c->axis == MicroAxis::kTokens && g.block_tokens % kMicroBlock != 0) {
-        return Invalid(field, "NVFP4 along tokens needs block_tokens to be a multiple of 16");
-      }
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (o.palette[j] == f) return Invalid(field, absl::StrCat(FormatName(f), " appears twice"));
-    }
-    const PageLayout layout = MakePageLayout(g.num_kv_heads, g.block_tokens, g.head_dim, f);
-    if (layout.page_bytes > o.slab_bytes) {
-      return Invalid(field, absl::StrCat("a page of ", layout.page_bytes,
-                                         " bytes does not fit a slab of ", o.slab_bytes));
-    }
-  }
-  if (!IsTokenWise(o.palette[0])) {
-    return Invalid("palette[0]", absl::StrCat("the hot format ", FormatName(o.palette[0]),
-                                              " needs whole blocks to compute its scales; use "
-                                              "FP16, BF16, or a per-tensor or per-token scale"));
-  }
+  uint64_t densest = 0;
+  KVTIER_RETURN_IF_ERROR(CheckPalette(o, &densest));
+  KVTIER_RETURN_IF_ERROR(CheckBudget(o, densest));
   s = CheckAmax("k_tensor_amax", o.k_tensor_amax, g.num_layers);
   if (s.ok()) s = CheckAmax("v_tensor_amax", o.v_tensor_amax, g.num_layers);
   return s;

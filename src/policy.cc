@@ -1,11 +1,13 @@
 #include "kvtier/policy.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/json.h"
+#include "src/status_macros.h"
 
 namespace kvtier {
 namespace {
@@ -21,6 +23,18 @@ Policy MakePreset(const char* name, std::vector<std::pair<const char*, int64_t>>
   for (const auto& [format, bound] : tiers) p.tiers.push_back({*ParseFormat(format), bound});
   p.sink_tokens = sinks;
   return p;
+}
+
+// A JSON number as a token count: an integer in [-kMaxPolicyTokens, kMaxPolicyTokens].
+absl::Status ToTokens(const JsonValue& value, absl::string_view field, int64_t* out) {
+  if (value.type != JsonValue::Type::kNumber) return Invalid(field, "expected a number");
+  const double x = value.number;
+  if (!(std::fabs(x) <= static_cast<double>(kMaxPolicyTokens)) || std::floor(x) != x) {
+    return Invalid(field, absl::StrCat(x, " is not an integer in [-", kMaxPolicyTokens, ", ",
+                                       kMaxPolicyTokens, "]"));
+  }
+  *out = static_cast<int64_t>(x);
+  return absl::OkStatus();
 }
 
 constexpr const char* kNvfp4Kv = "k:nvfp4_channel/block_head,v:nvfp4/block_head";
@@ -46,6 +60,10 @@ absl::Status ValidatePolicy(const Policy& p) {
     if (!last && (t.max_age_tokens < 1 || (i > 0 && t.max_age_tokens <= p.tiers[i - 1].max_age_tokens))) {
       return Invalid(field + "max_age_tokens", "bounds must be positive and strictly increasing");
     }
+    if (t.max_age_tokens > kMaxPolicyTokens) {
+      return Invalid(field + "max_age_tokens",
+                     absl::StrCat(t.max_age_tokens, " is above ", kMaxPolicyTokens));
+    }
     for (size_t j = 0; j < i; ++j) {
       if (p.tiers[j].format == t.format) return Invalid(field + "format", "appears in two tiers");
     }
@@ -53,7 +71,9 @@ absl::Status ValidatePolicy(const Policy& p) {
   if (!IsTokenWise(p.tiers[0].format)) {
     return Invalid("tiers[0].format", "the hot tier must encode tokens one at a time");
   }
-  if (p.sink_tokens < 0) return Invalid("sink_tokens", "must be >= 0");
+  if (p.sink_tokens < 0 || p.sink_tokens > kMaxPolicyTokens) {
+    return Invalid("sink_tokens", absl::StrCat(p.sink_tokens, " is outside [0, ", kMaxPolicyTokens, "]"));
+  }
   if (!(p.pressure_watermark >= 0 && p.pressure_watermark < 1)) {
     return Invalid("pressure_watermark", "must be in [0, 1)");
   }
@@ -93,8 +113,7 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view json) {
       if (value.type != JsonValue::Type::kString) return Invalid(key, "expected a string");
       p.name = value.string;
     } else if (key == "sink_tokens") {
-      if (!number) return Invalid(key, "expected a number");
-      p.sink_tokens = static_cast<int64_t>(value.number);
+      KVTIER_RETURN_IF_ERROR(ToTokens(value, key, &p.sink_tokens));
     } else if (key == "pressure_watermark") {
       if (!number) return Invalid(key, "expected a number");
       p.pressure_watermark = value.number;
@@ -114,8 +133,7 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view json) {
         if (!spec.ok()) return Invalid(field + "format", spec.status().message());
         PolicyTier t{*spec, -1};
         if (const JsonValue* bound = tier.Find("max_age_tokens"); bound != nullptr) {
-          if (bound->type != JsonValue::Type::kNumber) return Invalid(field + "max_age_tokens", "expected a number");
-          t.max_age_tokens = static_cast<int64_t>(bound->number);
+          KVTIER_RETURN_IF_ERROR(ToTokens(*bound, field + "max_age_tokens", &t.max_age_tokens));
         }
         for (const auto& member : tier.members) {
           if (member.first != "format" && member.first != "max_age_tokens") {
@@ -155,7 +173,7 @@ std::string PolicyToJson(const Policy& p) {
                         : absl::StrCat("{\"format\": \"", FormatName(t.format),
                                        "\", \"max_age_tokens\": ", t.max_age_tokens, "}"));
   }
-  return absl::StrCat("{\"name\": \"", p.name, "\", \"tiers\": [", absl::StrJoin(tiers, ", "),
+  return absl::StrCat("{\"name\": ", JsonQuote(p.name), ", \"tiers\": [", absl::StrJoin(tiers, ", "),
                       "], \"sink_tokens\": ", p.sink_tokens, ", \"pressure_watermark\": ",
                       p.pressure_watermark, ", \"pressure_window_scale\": ", p.pressure_window_scale,
                       "}");

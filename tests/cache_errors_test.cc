@@ -41,6 +41,25 @@ TEST(OptionsErrorsTest, InvalidOptionsNameTheField) {
        }},
       {"k_tensor_amax", [](Options& o) { o.k_tensor_amax = {1.f}; }},
       {"v_tensor_amax", [](Options& o) { o.v_tensor_amax = {1.f, -2.f}; }},
+      // An enum out of range (from bindings or a cast): was a null backend dereferenced.
+      {"backend", [](Options& o) { o.backend = static_cast<BackendKind>(7); }},
+      // Block metadata is sized from the budget: SIZE_MAX threw std::bad_alloc.
+      {"memory_budget_bytes", [](Options& o) { o.memory_budget_bytes = SIZE_MAX; }},
+      {"memory_budget_bytes", [](Options& o) { o.memory_budget_bytes = size_t{1} << 50; }},
+      // Element type, scale scope and micro axis out of range: was accepted, then decoded garbage.
+      {"palette[1]", [](Options& o) {
+         o.memory_budget_bytes *= 2;
+         o.palette.push_back(*ParseFormat("fp8_e4m3/block_head"));
+         o.palette[1].v.type = static_cast<ElementType>(9);
+       }},
+      {"palette[0]", [](Options& o) { o.palette[0].k.scope = static_cast<ScaleScope>(200); }},
+      {"palette[0]", [](Options& o) { o.palette[0].v.axis = static_cast<MicroAxis>(3); }},
+      // One slab per layer, three formats: no demotion could ever find a slab for its target.
+      {"memory_budget_bytes", [](Options& o) {
+         o.memory_budget_bytes = size_t{2} * o.slab_bytes;
+         o.palette.push_back(*ParseFormat("fp8_e4m3/block_head"));
+         o.palette.push_back(*ParseFormat("nvfp4/block_head"));
+       }},
   };
   for (const Case& c : cases) {
     Options o = SmallOptions();
@@ -50,6 +69,25 @@ TEST(OptionsErrorsTest, InvalidOptionsNameTheField) {
     EXPECT_NE(cache.status().message().find(c.field), absl::string_view::npos)
         << c.field << ": " << cache.status();
   }
+}
+
+TEST(OptionsErrorsTest, UndemotablePaletteSaysWhy) {
+  Options o = SmallOptions(/*slabs_per_layer=*/1);
+  EXPECT_TRUE(ValidateOptions(o).ok());  // one format needs one slab
+  o.palette.push_back(*ParseFormat("fp8_e4m3/block_head"));
+  const absl::Status s = ValidateOptions(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_NE(s.message().find("demoted"), absl::string_view::npos) << s;
+}
+
+// The largest budget under the metadata limit is created; one slab more is refused, never thrown.
+TEST(OptionsErrorsTest, BudgetAtTheMetadataLimit) {
+  Options o;
+  o.geometry = Geometry{1, 16, 128, 16};  // FP16 pages of 128 KiB: 16 per slab
+  o.memory_budget_bytes = (size_t{1} << 20) * o.slab_bytes;  // 2^20 slabs x 16 = 2^24 blocks
+  EXPECT_TRUE(ValidateOptions(o).ok()) << ValidateOptions(o);
+  o.memory_budget_bytes += o.slab_bytes;
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateOptions(o)));
 }
 
 // CI has no GPU: a build without CUDA answers Unimplemented, a CUDA build finds no driver or
@@ -137,6 +175,13 @@ TEST_F(CacheErrorsTest, BadAppendArguments) {
   ExpectUnchanged(cache_->Append(live_, 0, &slots), absl::StatusCode::kInvalidArgument);
   ExpectUnchanged(cache_->Append(live_, -5, &slots), absl::StatusCode::kInvalidArgument);
   ExpectUnchanged(cache_->Append(live_, 1, nullptr), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CacheErrorsTest, AppendNoTokenIds) {
+  std::vector<int64_t> slots;
+  const absl::Status s = cache_->AppendTokens(live_, {}, &slots);
+  ExpectUnchanged(s, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tokens is empty"), absl::string_view::npos) << s;
 }
 
 TEST_F(CacheErrorsTest, WriteWithWrongShapeOrDtype) {

@@ -155,10 +155,10 @@ TEST(DemoteErrorsTest, BadRequestsChangeNothing) {
 }
 
 TEST(DemoteErrorsTest, ExhaustedBudgetChangesNothing) {
-  Options o = SmallOptions(/*slabs_per_layer=*/1);  // 256 FP16 pages share one slab
+  Options o = SmallOptions(/*slabs_per_layer=*/2);  // 512 FP16 pages in two slabs
   o.palette = {*ParseFormat("fp16"), *ParseFormat("fp8_e4m3/block_head")};
   auto cache = MustCreate(o);
-  const Written w = WriteSequence(*cache, 32, 5);
+  const Written w = WriteSequence(*cache, 16 * 512, 5);  // both slabs full
   const CacheStats before = cache->GetStats();
   const absl::Status s = cache->Demote(FullBlocks(*cache, w.seq), 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;

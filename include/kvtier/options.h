@@ -37,7 +37,9 @@ struct Options {
 
   // Bytes of page memory across all layers and formats. The budget is cut into slabs of
   // `slab_bytes` per layer that move between format pools. REQUIRES: at least one slab in
-  // every layer, i.e. >= slab_bytes * num_layers. Default: 256 MiB.
+  // every layer, two when the palette has several formats (a demotion holds a slab of its
+  // source and one of its target at once), and at most 2^24 pages in the palette's densest
+  // format (the host metadata of one block per page is allocated up front). Default: 256 MiB.
   size_t memory_budget_bytes = size_t{256} << 20;
 
   // The unit of memory that moves between pools, per layer. REQUIRES: a multiple of 2 MiB (the
@@ -58,7 +60,7 @@ struct Options {
   std::vector<float> k_tensor_amax;
   std::vector<float> v_tensor_amax;
 
-  // Where pages live. Default: kCpu.
+  // Where pages live. REQUIRES: one of the BackendKind values. Default: kCpu.
   BackendKind backend = BackendKind::kCpu;
 };
 

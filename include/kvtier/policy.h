@@ -10,7 +10,7 @@
 // boundary. Under memory pressure (free budget below `pressure_watermark`) every window
 // shrinks by `pressure_window_scale`, demoting before cached prefixes are evicted.
 //
-// JSON form (every field optional but `tiers`):
+// JSON form (every field optional but `tiers`; token counts are integers, each key appears once):
 //   {"name": "balanced",
 //    "tiers": [{"format": "fp16", "max_age_tokens": 256},
 //              {"format": "fp8_e4m3/block_head", "max_age_tokens": 2048},
@@ -30,9 +30,14 @@
 
 namespace kvtier {
 
+// The largest token count a policy may name (2^53: exact in a double, so windows scaled under
+// pressure and JSON numbers convert without overflow).
+inline constexpr int64_t kMaxPolicyTokens = int64_t{1} << 53;
+
 struct PolicyTier {
   FormatSpec format;
   // Blocks younger than this (in tokens) stay in this tier. -1 on the last tier: no bound.
+  // REQUIRES: at most kMaxPolicyTokens.
   int64_t max_age_tokens = -1;
 };
 
@@ -41,7 +46,8 @@ struct Policy {
   // Hottest first. REQUIRES: 1 to 8 tiers, strictly increasing bounds, the last unbounded,
   // formats distinct.
   std::vector<PolicyTier> tiers;
-  // Leading tokens of each sequence whose blocks never leave palette[0]. Default: 4.
+  // Leading tokens of each sequence whose blocks never leave palette[0]. REQUIRES: 0 to
+  // kMaxPolicyTokens. Default: 4.
   int64_t sink_tokens = 4;
   // Fraction of the budget that must stay free; below it windows shrink. 0 disables.
   // Default: 0.05.

@@ -1,0 +1,91 @@
+// A Backend for tests that forwards to the CPU backend and fails on demand: slab mapping,
+// the data plane, fences that never pass. The test keeps a pointer to the shared Faults and
+// changes them between calls.
+//
+// Thread-compatible, like every Backend (the cache calls it under its mutex).
+#ifndef KVTIER_TESTS_FAULT_BACKEND_H_
+#define KVTIER_TESTS_FAULT_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "src/backend.h"
+
+namespace kvtier::testing {
+
+struct Faults {
+  // Map calls that still succeed; every later one fails. -1: none fails.
+  int64_t maps_before_failure = -1;
+  bool fail_unmap = false;
+  bool fail_write_rows = false;
+  bool fail_read_page = false;
+  bool fail_requantize = false;
+  bool fail_copy_page = false;
+  bool fail_record_fence = false;
+  // Report an asynchronous backend, whose fences pass only when `fences_pass` is set.
+  bool asynchronous = false;
+  bool fences_pass = true;
+  // Calls that failed because of a fault above.
+  int64_t injected = 0;
+};
+
+class FaultBackend final : public Backend {
+ public:
+  explicit FaultBackend(std::shared_ptr<Faults> faults)
+      : cpu_(MakeCpuBackend()), faults_(std::move(faults)) {}
+
+  absl::StatusOr<uint8_t*> Reserve(size_t bytes) override { return cpu_->Reserve(bytes); }
+  void Unreserve(uint8_t* base, size_t bytes) override { cpu_->Unreserve(base, bytes); }
+  absl::Status Map(uint8_t* addr, size_t bytes) override {
+    if (faults_->maps_before_failure == 0) return Injected("Map");
+    if (faults_->maps_before_failure > 0) faults_->maps_before_failure -= 1;
+    return cpu_->Map(addr, bytes);
+  }
+  absl::Status Unmap(uint8_t* addr, size_t bytes) override {
+    if (faults_->fail_unmap) return Injected("Unmap");
+    return cpu_->Unmap(addr, bytes);
+  }
+  absl::Status WriteRows(const PoolView& pool, absl::Span<const int64_t> slots, const KVInput& kv,
+                         int64_t* nonfinite) override {
+    if (faults_->fail_write_rows) return Injected("WriteRows");
+    return cpu_->WriteRows(pool, slots, kv, nonfinite);
+  }
+  absl::Status ReadPage(const PoolView& pool, uint32_t page, int num_tokens, float* k,
+                        float* v) override {
+    if (faults_->fail_read_page) return Injected("ReadPage");
+    return cpu_->ReadPage(pool, page, num_tokens, k, v);
+  }
+  absl::Status Requantize(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
+                          absl::Span<const uint32_t> src_pages,
+                          absl::Span<const uint32_t> dst_pages) override {
+    if (faults_->fail_requantize) return Injected("Requantize");
+    return cpu_->Requantize(from, to, src_pages, dst_pages);
+  }
+  absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) override {
+    if (faults_->fail_copy_page) return Injected("CopyPage");
+    return cpu_->CopyPage(pool, src, dst);
+  }
+  bool synchronous() const override { return !faults_->asynchronous; }
+  absl::StatusOr<uint64_t> RecordFence() override {
+    if (faults_->fail_record_fence) return Injected("RecordFence");
+    return ++fences_;
+  }
+  bool FencePassed(uint64_t) override { return faults_->fences_pass; }
+
+ private:
+  absl::Status Injected(const char* call) {
+    faults_->injected += 1;
+    return absl::InternalError(absl::StrCat("injected fault: ", call, " failed"));
+  }
+
+  const std::unique_ptr<Backend> cpu_;
+  const std::shared_ptr<Faults> faults_;
+  uint64_t fences_ = 0;
+};
+
+}  // namespace kvtier::testing
+
+#endif  // KVTIER_TESTS_FAULT_BACKEND_H_
