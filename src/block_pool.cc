@@ -23,13 +23,39 @@ BlockPool::BlockPool(PageStore* pages, CacheMetrics* metrics)
       cached_by_format_(pages->num_formats(), 0) {}
 
 uint64_t BlockPool::RoomAfterEvictingAll(int format) const {
-  const PagePool& pool = pages_->pool(format);
+  // Leaf-first eviction never reaches a cached block above an indexed block in use.
+  std::vector<bool> pinned(blocks_.capacity(), false);
+  for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
+    if (blocks_[b].state != BlockState::kInUse || !blocks_[b].indexed) continue;
+    for (uint32_t p = blocks_[b].parent; p != kNone && !pinned[p]; p = blocks_[p].parent) {
+      pinned[p] = true;
+    }
+  }
+  // A page comes free when it is free, retired (reclaimed after a fence) or an evictable block's.
+  auto freeable = [&](const PagePool& pool, uint32_t page) {
+    const uint32_t owner = pool.Owner(page);
+    return owner == PagePool::kNone || owner == PagePool::kPending ||
+           (blocks_[owner].state == BlockState::kCached && !pinned[owner]);
+  };
+  uint64_t room = 0;
   uint64_t slabs = pages_->free_slabs();
   for (int g = 0; g < pages_->num_formats(); ++g) {
-    const PagePool& other = pages_->pool(g);
-    if (g != format) slabs += cached_by_format_[g] > 0 ? other.mapped_slots() : other.empty_slots();
+    const PagePool& pool = pages_->pool(g);
+    for (uint32_t slot = 0; slot < pool.num_slots(); ++slot) {
+      if (!pool.IsMapped(slot)) continue;
+      uint32_t n = 0;
+      const uint32_t first = pool.FirstPage(slot);
+      for (uint32_t page = first; page < first + pool.PagesInSlot(slot); ++page) {
+        n += freeable(pool, page) ? 1 : 0;
+      }
+      if (g == format) {
+        room += n;
+      } else if (n == pool.PagesInSlot(slot)) {
+        slabs += 1;
+      }
+    }
   }
-  return uint64_t{pool.free_pages()} + cached_by_format_[format] + slabs * pool.MinPagesPerSlot();
+  return room + slabs * pages_->pool(format).MinPagesPerSlot();
 }
 
 absl::Status BlockPool::EnsureFreePages(int format, uint32_t count, bool may_evict) {
@@ -37,7 +63,8 @@ absl::Status BlockPool::EnsureFreePages(int format, uint32_t count, bool may_evi
     return pages_->SlabsNeeded(format, count) > pages_->AvailableSlabs(format);
   };
   if (short_of_slabs()) {
-    // Fail before evicting anything when even evicting every cached block could not make room.
+    // Fail before evicting anything when even evicting every evictable block could not make
+    // room (an exact count, so a refusal never evicts).
     const bool could_fit = RoomAfterEvictingAll(format) >= count;
     int64_t evicted = 0;
     while (may_evict && could_fit && short_of_slabs() && EvictOne()) {

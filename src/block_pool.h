@@ -40,8 +40,8 @@ class BlockPool {
 
   // Makes `count` pages of `format` allocatable, mapping slabs from the budget, taking empty
   // slabs from other formats' pools, and, when `may_evict`, evicting cached blocks (leaf-first)
-  // when neither suffices. ResourceExhausted when it cannot, with nothing changed if even
-  // evicting every cached block could not have made room.
+  // when neither suffices. ResourceExhausted, with nothing evicted or changed, when evicting
+  // every evictable block could not make room.
   absl::Status EnsureFreePages(int format, uint32_t count, bool may_evict = true);
 
   // A new in-use block with one reference and a page of `format`, born at `now_ms`.
@@ -75,7 +75,9 @@ class BlockPool {
   bool EvictOne();
   // Retires a block's page and frees its metadata.
   void FreeBlock(uint32_t block);
-  // Pages of `format` that evicting every cached block could make allocatable.
+  // Pages of `format` that evicting every evictable cached block and reclaiming every retired
+  // page would make allocatable (exact). Cost: O(blocks + mapped pages); only on the way to
+  // eviction.
   uint64_t RoomAfterEvictingAll(int format) const;
   absl::Status CheckBlock(uint32_t b, absl::Span<const uint32_t> refs,
                           std::vector<uint32_t>* children) const;

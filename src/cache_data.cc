@@ -10,6 +10,13 @@
 #include "src/status_macros.h"
 
 namespace kvtier {
+namespace {
+
+// Tokens one K/V input may hold: bounds num_tokens x heads x head_dim far below int64's range.
+constexpr int64_t kMaxInputTokens = int64_t{1} << 40;
+
+}  // namespace
+
 absl::Status CacheImpl::CheckLayer(int32_t layer) const {
   if (layer < 0 || layer >= options_.geometry.num_layers) {
     return absl::InvalidArgumentError(
@@ -28,35 +35,60 @@ absl::Status CacheImpl::CheckInput(const KVInput& kv, int64_t num_tokens) const 
         "K/V shape [", kv.num_tokens, ", ", kv.num_heads, ", ", kv.head_dim, "] != [", num_tokens,
         ", ", g.num_kv_heads, ", ", g.head_dim, "]"));
   }
+  if (kv.num_tokens < 0 || kv.num_tokens > kMaxInputTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("K/V num_tokens ", kv.num_tokens, " is outside [0, ", kMaxInputTokens, "]"));
+  }
   if (kv.num_tokens > 0 && (kv.k == nullptr || kv.v == nullptr)) {
-    return absl::InvalidArgumentError("K/V data pointer is null");
+    const char* which = kv.k == nullptr ? (kv.v == nullptr ? "k and v" : "k") : "v";
+    return absl::InvalidArgumentError(absl::StrCat("K/V input: the ", which, " data pointer is null"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::CheckSlot(int64_t slot) const {
+  const int64_t s = options_.geometry.block_tokens;
+  const PagePool& hot = pages_->pool(0);
+  const int64_t limit = int64_t{hot.capacity_pages()} * s;
+  if (slot < 0 || slot >= limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot ", slot, " is outside [0, ", limit, "): slots are page * ", s,
+        " + offset in the hot format's pools, as Append returns them"));
+  }
+  const uint32_t page = static_cast<uint32_t>(slot / s);
+  const uint32_t owner = hot.Owner(page);
+  if (owner == PagePool::kPending) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot ", slot, " is in page ", page, ", whose block was released (or demoted)"));
+  }
+  if (owner >= pool_.blocks().capacity()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, " is in page ", page, ", which holds no block"));
+  }
+  const BlockMeta& b = pool_[owner];
+  if (b.state != BlockState::kInUse) {  // a stale slot must not rewrite a cached prefix
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot ", slot, " is in a cached block, kept for prefix reuse after its sequence was "
+        "released"));
+  }
+  if (slot % s >= b.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot ", slot, " is offset ", slot % s, " of a block with ", b.num_tokens,
+        " reserved tokens (offsets [0, ", b.num_tokens, ")): append first"));
+  }
+  if (b.ref_count > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "slot ", slot, " is in a block shared by ", b.ref_count,
+        " sequences; append to the sequence again to get a private copy"));
   }
   return absl::OkStatus();
 }
 
 absl::Status CacheImpl::CheckSlots(int32_t layer, absl::Span<const int64_t> slots,
                                    const KVInput& kv) const {
-  const Geometry& g = options_.geometry;
   KVTIER_RETURN_IF_ERROR(CheckLayer(layer));
   KVTIER_RETURN_IF_ERROR(CheckInput(kv, static_cast<int64_t>(slots.size())));
-  const PagePool& hot = pages_->pool(0);
-  for (int64_t slot : slots) {
-    const int64_t page = slot / g.block_tokens;
-    const uint32_t owner =
-        slot >= 0 && page < hot.capacity_pages() ? hot.Owner(static_cast<uint32_t>(page)) : PagePool::kNone;
-    if (owner >= pool_.blocks().capacity()) {
-      return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " is not reserved"));
-    }
-    const BlockMeta& b = pool_[owner];
-    if (slot % g.block_tokens >= b.num_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " is not reserved"));
-    }
-    if (b.ref_count > 1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "slot ", slot, " is in a block shared by ", b.ref_count,
-          " sequences; append to the sequence again to get a private copy"));
-    }
-  }
+  for (int64_t slot : slots) KVTIER_RETURN_IF_ERROR(CheckSlot(slot));
   return absl::OkStatus();
 }
 

@@ -11,6 +11,9 @@
 namespace kvtier {
 namespace {
 
+// Tokens one sequence may hold: page tables give lengths as int32.
+constexpr int64_t kMaxSequenceTokens = INT32_MAX;
+
 absl::Status CheckSequenceOptions(const SequenceOptions& options, int num_formats) {
   if (options.coldest_format < -1 || options.coldest_format >= num_formats) {
     return absl::InvalidArgumentError(
@@ -48,9 +51,11 @@ CacheImpl::~CacheImpl() = default;
 
 void CacheImpl::DropRef(uint32_t block, const Sequence& seq) {
   if (--pool_[block].ref_count > 0) return;
-  const int64_t expires_at = seq.priority_ttl_steps < 0
-                                 ? Evictor::kNever
-                                 : metrics_.steps + seq.priority_ttl_steps;
+  // A TTL that would pass kNever (the caller's count may be up to INT64_MAX) never lapses.
+  const int64_t expires_at =
+      seq.priority_ttl_steps < 0 || seq.priority_ttl_steps >= Evictor::kNever - metrics_.steps
+          ? Evictor::kNever
+          : metrics_.steps + seq.priority_ttl_steps;
   pool_.Unreferenced(block, seq.priority, expires_at);
 }
 
@@ -107,6 +112,11 @@ absl::StatusOr<int64_t> CacheImpl::PlanAppend(absl::Span<const SequenceId> batch
     Sequence* seq = sequences_.Find(batch[i]);
     if (seq == nullptr) return UnknownSequence(batch[i]);
     batch_sequences_.push_back(seq);
+    if (num_tokens[i] > kMaxSequenceTokens - seq->num_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", batch[i].index, " holds ", seq->num_tokens, " tokens; ", num_tokens[i],
+          " more pass the ", kMaxSequenceTokens, " a page table's int32 length can describe"));
+    }
     const int64_t room = TailRoom(*seq);
     if (num_tokens[i] > room) pages += (num_tokens[i] - room + s - 1) / s;
     // A shared partial tail is copied before the write. (A sequence named twice in the batch
@@ -148,9 +158,15 @@ absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
                                                    num_tokens.size(), " token counts"));
   }
   if (slots == nullptr) return absl::InvalidArgumentError("slots is null");
+  // Checked counts: each below kMaxSequenceTokens, so that neither their sum nor a sequence's
+  // length can overflow (a batch holds far fewer than 2^32 sequences).
   int64_t total = 0;
-  for (int64_t n : num_tokens) {
-    if (n < 1) return absl::InvalidArgumentError(absl::StrCat("num_tokens ", n, " is not positive"));
+  for (size_t i = 0; i < num_tokens.size(); ++i) {
+    const int64_t n = num_tokens[i];
+    if (n < 1 || n > kMaxSequenceTokens) {
+      return absl::InvalidArgumentError(absl::StrCat("num_tokens[", i, "] ", n, " is outside [1, ",
+                                                     kMaxSequenceTokens, "]"));
+    }
     total += n;
   }
   if (!tokens.empty() && static_cast<int64_t>(tokens.size()) != total) {
@@ -160,14 +176,21 @@ absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
   MutexLock lock(&mu_);
   // Plan: count the pages the whole batch needs, so that it fails before changing anything.
   KVTIER_ASSIGN_OR_RETURN(const int64_t pages, PlanAppend(batch, num_tokens));
-  if (pages > 0) KVTIER_RETURN_IF_ERROR(pool_.EnsureFreePages(0, static_cast<uint32_t>(pages)));
+  if (pages > 0) {
+    KVTIER_RETURN_IF_ERROR(
+        pool_.EnsureFreePages(0, static_cast<uint32_t>(std::min<int64_t>(pages, UINT32_MAX))));
+  }
+  // Shared tails are copied before any token is appended: a failed copy leaves every sequence
+  // with its tokens (a copy already made changes no sequence's content).
+  for (Sequence* seq : batch_sequences_) {
+    if (TailRoom(*seq) > 0 && pool_[seq->blocks.back()].ref_count > 1) {
+      KVTIER_RETURN_IF_ERROR(CopyTail(*seq));
+    }
+  }
   size_t next_token = 0;
   uint32_t now_ms = CacheMetrics::kNoTime;  // read once, at the first new block
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& seq = *batch_sequences_[i];  // no sequence is added or removed in between
-    if (TailRoom(seq) > 0 && pool_[seq.blocks.back()].ref_count > 1) {
-      KVTIER_RETURN_IF_ERROR(CopyTail(seq));
-    }
     AppendTokensLocked(seq, num_tokens[i], tokens, &next_token, &now_ms, slots);
     MarkDirty(batch[i], seq);
   }

@@ -85,6 +85,9 @@ class CacheImpl final : public Cache {
   // K/V in and out (cache_data.cc).
   absl::Status CheckLayer(int32_t layer) const;
   absl::Status CheckInput(const KVInput& kv, int64_t num_tokens) const;
+  // OK when `slot` is reserved in a block that only one sequence holds; otherwise which case
+  // it is (out of range, a released or empty page, an unreserved offset, a shared block).
+  absl::Status CheckSlot(int64_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckSlots(int32_t layer, absl::Span<const int64_t> slots, const KVInput& kv) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

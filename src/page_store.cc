@@ -1,6 +1,8 @@
 #include "src/page_store.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/page_codec.h"
@@ -8,6 +10,9 @@
 
 namespace kvtier {
 namespace {
+
+// How long ReclaimAll waits for the device before it gives up (a fence that never passes).
+constexpr std::chrono::milliseconds kFenceWait{2000};
 
 std::vector<PageLayout> MakeLayouts(const Options& o) {
   std::vector<PageLayout> layouts;
@@ -133,13 +138,21 @@ uint32_t PageStore::SlabsNeeded(int format, uint32_t count) const {
 }
 
 absl::Status PageStore::MapSlabs(int format, uint32_t count) {
-  for (uint32_t i = SlabsNeeded(format, count); i > 0; --i) {
-    for (int g = 0; free_slabs_ == 0 && g < num_formats(); ++g) {
+  const uint32_t needed = SlabsNeeded(format, count);
+  for (uint32_t i = 0; i < needed; ++i) {
+    absl::Status s;
+    for (int g = 0; s.ok() && free_slabs_ == 0 && g < num_formats(); ++g) {
       if (g != format && pools_[g].EmptySlot() != PagePool::kNone) {
-        KVTIER_RETURN_IF_ERROR(UnmapSlot(g, pools_[g].EmptySlot()));
+        s = UnmapSlot(g, pools_[g].EmptySlot());
       }
     }
-    KVTIER_RETURN_IF_ERROR(MapSlot(format));
+    if (s.ok()) s = MapSlot(format);
+    if (!s.ok()) {  // the slabs mapped so far are empty: back to the budget
+      for (uint32_t j = 0; j < i && pools_[format].EmptySlot() != PagePool::kNone; ++j) {
+        UnmapSlot(format, pools_[format].EmptySlot()).IgnoreError();
+      }
+      return s;
+    }
   }
   return absl::OkStatus();
 }
@@ -158,7 +171,15 @@ void PageStore::RetireSynchronous() {
 absl::Status PageStore::ReclaimAll() {
   if (!backend_->synchronous()) {  // wait for the device so that the pages may be reused at once
     KVTIER_ASSIGN_OR_RETURN(const uint64_t fence, backend_->RecordFence());
+    const auto deadline = std::chrono::steady_clock::now() + kFenceWait;
     while (!backend_->FencePassed(fence)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the device has not finished the work issued before this call after ",
+            std::chrono::duration_cast<std::chrono::milliseconds>(kFenceWait).count(),
+            " ms; retired pages stay pending"));
+      }
+      std::this_thread::yield();
     }
   }
   ReclaimQueue::Entry e;

@@ -53,6 +53,8 @@ class PageStore {
   uint32_t AvailableSlabs(int format) const;
   // Maps SlabsNeeded(format, count) slabs into `format`'s pool, taking empty slabs from other
   // pools when none is free. REQUIRES: SlabsNeeded(format, count) <= AvailableSlabs(format).
+  // On a backend failure the slabs it mapped return to the budget (other pools' empty slabs
+  // taken stay unmapped).
   absl::Status MapSlabs(int format, uint32_t count);
 
   // A free page of `format`, now owned by `owner`. REQUIRES: pool(format).free_pages() > 0.
@@ -63,7 +65,8 @@ class PageStore {
   void Retire(int format, uint32_t page);
   // Returns retired pages at once on a synchronous backend; no-op otherwise.
   void RetireSynchronous();
-  // Returns every retired page, waiting for the device on an asynchronous backend.
+  // Returns every retired page, waiting for the device on an asynchronous backend:
+  // DeadlineExceeded, with the pages still retired, when its fence has not passed in 2 s.
   absl::Status ReclaimAll();
   // Closes the step: records its fence, returns the pages whose fences have passed, and returns
   // every empty slab but one per pool to the budget.

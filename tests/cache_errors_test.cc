@@ -177,6 +177,23 @@ TEST_F(CacheErrorsTest, BadAppendArguments) {
   ExpectUnchanged(cache_->Append(live_, 1, nullptr), absl::StatusCode::kInvalidArgument);
 }
 
+// Counts whose page arithmetic overflowed: a negative page count passed the budget check and
+// PagePool::Allocate read out of bounds.
+TEST_F(CacheErrorsTest, AppendCountsThatOverflow) {
+  std::vector<int64_t> slots;
+  ExpectUnchanged(cache_->Append(live_, INT64_MAX, &slots), absl::StatusCode::kInvalidArgument);
+  ExpectUnchanged(cache_->Append(live_, INT64_MAX - 3, &slots), absl::StatusCode::kInvalidArgument);
+  const SequenceId two[] = {live_, live_};
+  const int64_t halves[] = {INT64_MAX / 2 + 1, INT64_MAX / 2 + 1};
+  const absl::Status s = cache_->AppendBatch(two, halves, {}, &slots);
+  ExpectUnchanged(s, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("num_tokens[0] 4611686018427387904 is outside [1, 2147483647]"),
+            absl::string_view::npos) << s;
+  const int64_t wraps[] = {5, INT64_MAX};
+  ExpectUnchanged(cache_->AppendBatch(two, wraps, {}, &slots), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(slots.empty());
+}
+
 TEST_F(CacheErrorsTest, AppendNoTokenIds) {
   std::vector<int64_t> slots;
   const absl::Status s = cache_->AppendTokens(live_, {}, &slots);
@@ -198,18 +215,50 @@ TEST_F(CacheErrorsTest, WriteWithWrongShapeOrDtype) {
   ExpectUnchanged(cache_->WriteKV(0, two, Input(3)), absl::StatusCode::kInvalidArgument);
   kv = Input(2);
   kv.v = nullptr;
-  ExpectUnchanged(cache_->WriteKV(0, two, kv), absl::StatusCode::kInvalidArgument);
+  absl::Status s = cache_->WriteKV(0, two, kv);
+  ExpectUnchanged(s, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("the v data pointer"), absl::string_view::npos) << s;
+  kv.k = nullptr;
+  s = cache_->WriteKV(0, two, kv);
+  EXPECT_NE(s.message().find("the k and v data pointer"), absl::string_view::npos) << s;
+  kv = Input(2);
+  kv.k = nullptr;
+  s = cache_->WriteKV(0, two, kv);
+  EXPECT_NE(s.message().find("the k data pointer"), absl::string_view::npos) << s;
   ExpectUnchanged(cache_->WriteKV(2, two, Input(2)), absl::StatusCode::kInvalidArgument);
   ExpectUnchanged(cache_->WriteKV(-1, two, Input(2)), absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(CacheErrorsTest, WriteToUnreservedSlots) {
+TEST_F(CacheErrorsTest, WriteToUnreservedSlotsSaysWhich) {
   const int64_t tail_page = slots_.back() / 16;
-  for (int64_t bad : {int64_t{-1}, tail_page * 16 + 4 /* past the 4 reserved */,
-                      int64_t{200} * 16 /* a page nobody holds */, int64_t{1} << 40}) {
-    const int64_t one[] = {bad};
-    ExpectUnchanged(cache_->WriteKV(0, one, Input(1)), absl::StatusCode::kInvalidArgument);
+  struct Case {
+    int64_t slot;
+    const char* why;
+  };
+  for (const Case& c : {Case{-1, "outside [0, 4096)"}, Case{int64_t{1} << 40, "outside [0, 4096)"},
+                        Case{tail_page * 16 + 4, "offset 4 of a block with 4 reserved tokens"},
+                        Case{int64_t{200} * 16, "holds no block"}}) {
+    const int64_t one[] = {c.slot};
+    const absl::Status s = cache_->WriteKV(0, one, Input(1));
+    ExpectUnchanged(s, absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(c.why), absl::string_view::npos) << c.why << " not in: " << s;
   }
+}
+
+TEST(CacheErrorsReleasedTest, WriteToAReleasedSlotSaysSo) {
+  std::unique_ptr<Cache> cache = MustCreate(SmallOptions(1));
+  const SequenceId seq = *cache->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->Append(seq, 3, &slots).ok());
+  const SequenceId keep = *cache->AddSequence();  // keeps the slab mapped
+  std::vector<int64_t> kept;
+  ASSERT_TRUE(cache->Append(keep, 3, &kept).ok());
+  ASSERT_TRUE(cache->Release(seq).ok());
+  std::vector<uint16_t> k(2 * 64, 0x3C00);
+  const KVInput kv{DType::kFloat16, k.data(), k.data(), 1, 2, 64};
+  const absl::Status s = cache->WriteKV(0, absl::MakeConstSpan(slots.data(), 1), kv);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("holds no block"), absl::string_view::npos) << s;
 }
 
 TEST_F(CacheErrorsTest, WriteIntoASharedTail) {
@@ -239,6 +288,66 @@ TEST_F(CacheErrorsTest, PageTablesForAnUnknownSequence) {
   EXPECT_EQ(tables.packed, copy.packed);
   EXPECT_EQ(tables.seq_lens, copy.seq_lens);
   ExpectUnchanged(cache_->BuildPageTables({live_}, nullptr), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CacheErrorsTest, CalibrationCountsOutOfRange) {
+  KVInput kv = Input(1);
+  kv.num_tokens = -1;
+  ExpectUnchanged(cache_->CalibrateTensorScales(0, kv), absl::StatusCode::kInvalidArgument);
+  kv.num_tokens = INT64_MAX;
+  ExpectUnchanged(cache_->CalibrateTensorScales(0, kv), absl::StatusCode::kInvalidArgument);
+}
+
+// A TTL of INT64_MAX steps: steps + ttl overflowed.
+TEST_F(CacheErrorsTest, PriorityTtlNearInt64Max) {
+  SequenceOptions options;
+  options.priority = 3;
+  options.priority_ttl_steps = INT64_MAX;
+  const std::vector<int32_t> prompt(33, 7);
+  options.prompt = prompt;
+  const SequenceId seq = cache_->AddSequence(options)->id;
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->AppendTokens(seq, prompt, &slots).ok());
+  ASSERT_TRUE(cache_->EndStep().ok());
+  ASSERT_TRUE(cache_->Release(seq).ok());
+  ASSERT_TRUE(cache_->EndStep().ok());
+  EXPECT_TRUE(cache_->CheckConsistency().ok()) << cache_->CheckConsistency();
+  EXPECT_EQ(cache_->GetStats().formats[0].blocks_cached, 2);
+}
+
+// A refused Append evicts nothing. Here the FP8 slab holds cached blocks and blocks in use, so
+// evicting the cached ones cannot free it (the old bound counted it free, evicted, then failed).
+TEST(CacheErrorsEvictionTest, RefusedAppendEvictsNothing) {
+  Options o = SmallOptions(/*slabs_per_layer=*/2);
+  o.palette.push_back(*ParseFormat("fp8_e4m3/block_head"));
+  std::unique_ptr<Cache> cache = MustCreate(o);
+  std::vector<int64_t> slots;
+  std::vector<int32_t> a(32), b(32);
+  for (int i = 0; i < 32; ++i) a[i] = i, b[i] = 100 + i;
+  const SequenceId live = *cache->AddSequence(), gone = *cache->AddSequence();
+  ASSERT_TRUE(cache->AppendTokens(live, a, &slots).ok());
+  ASSERT_TRUE(cache->AppendTokens(gone, b, &slots).ok());
+  std::vector<BlockId> blocks = *cache->SequenceBlocks(live);
+  const std::vector<BlockId> gone_blocks = *cache->SequenceBlocks(gone);
+  blocks.insert(blocks.end(), gone_blocks.begin(), gone_blocks.end());
+  ASSERT_TRUE(cache->Demote(blocks, 1).ok());
+  ASSERT_TRUE(cache->Release(gone).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  const CacheStats before = cache->GetStats();
+  ASSERT_EQ(before.formats[1].blocks_cached, 2);
+  ASSERT_EQ(before.formats[0].slabs_mapped, 1);
+  ASSERT_EQ(before.slabs_free, 0);
+  const SequenceId big = *cache->AddSequence();
+  const CacheStats added = cache->GetStats();
+  const absl::Status s = cache->Append(big, 16 * 257, &slots);  // needs a second FP16 slab
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  const CacheStats after = cache->GetStats();
+  ExpectSameState(added, after);
+  EXPECT_EQ(after.evicted_blocks, before.evicted_blocks);
+  EXPECT_EQ(after.formats[1].blocks_cached, 2);
+  EXPECT_TRUE(cache->CheckConsistency().ok());
+  // What fits without the FP8 slab still evicts as before.
+  EXPECT_TRUE(cache->Append(big, 16 * 256, &slots).ok());
 }
 
 TEST_F(CacheErrorsTest, PoolOutOfRange) {

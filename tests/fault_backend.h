@@ -40,7 +40,9 @@ class FaultBackend final : public Backend {
   absl::StatusOr<uint8_t*> Reserve(size_t bytes) override { return cpu_->Reserve(bytes); }
   void Unreserve(uint8_t* base, size_t bytes) override { cpu_->Unreserve(base, bytes); }
   absl::Status Map(uint8_t* addr, size_t bytes) override {
-    if (faults_->maps_before_failure == 0) return Injected("Map");
+    if (faults_->maps_before_failure == 0) {  // as the CPU and CUDA backends report it
+      return Injected("Map", absl::StatusCode::kResourceExhausted);
+    }
     if (faults_->maps_before_failure > 0) faults_->maps_before_failure -= 1;
     return cpu_->Map(addr, bytes);
   }
@@ -76,9 +78,9 @@ class FaultBackend final : public Backend {
   bool FencePassed(uint64_t) override { return faults_->fences_pass; }
 
  private:
-  absl::Status Injected(const char* call) {
+  absl::Status Injected(const char* call, absl::StatusCode code = absl::StatusCode::kInternal) {
     faults_->injected += 1;
-    return absl::InternalError(absl::StrCat("injected fault: ", call, " failed"));
+    return absl::Status(code, absl::StrCat("injected fault: ", call, " failed"));
   }
 
   const std::unique_ptr<Backend> cpu_;
