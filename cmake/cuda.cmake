@@ -64,6 +64,7 @@ if(KVTIER_BUILD_TESTS)
   include(GoogleTest)
   add_executable(kvtier_gpu_tests
     tests/gpu/cuda_backend_test.cc
+    tests/gpu/cuda_oom_test.cc
     tests/gpu/cuda_parity_test.cc
     tests/gpu/cuda_stress_test.cc
     tests/gpu/decode_attention_test.cc

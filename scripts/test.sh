@@ -6,7 +6,8 @@
 #      pytest suite (the engine example's included: torch and transformers come from
 #      scripts/setup_python.sh), the demo, `kvtier recall --quick --json`, and the embedding
 #      example built against the installed CMake package and pkg-config file;
-#   2. g++ with AddressSanitizer + UndefinedBehaviorSanitizer: all unit tests;
+#   2. g++ with AddressSanitizer + UndefinedBehaviorSanitizer: all unit tests; then clang's
+#      libFuzzer target under ASan+UBSan for 90 s from tests/fuzz/corpus (docs/reliability.md);
 #   3. clang with -Wthread-safety as an error and ThreadSanitizer: all unit tests.
 # Build trees live under build-ci/ (removed first, so every run starts clean).
 set -euo pipefail
@@ -56,6 +57,16 @@ echo "pkg-config kvtier: OK"
 
 configure_build_test asan-ubsan -DCMAKE_BUILD_TYPE=Debug -DKVTIER_BUILD_TOOLS=OFF \
   -DKVTIER_SANITIZE=address,undefined -DKVTIER_WITH_CUDA=OFF
+
+step "fuzz: kvtier_cache_fuzzer for 90 s from tests/fuzz/corpus (clang, ASan+UBSan)"
+cmake -S . -B "$root/fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+  -DKVTIER_SANITIZE=address,undefined -DKVTIER_BUILD_FUZZERS=ON -DKVTIER_BUILD_TESTS=OFF \
+  -DKVTIER_BUILD_TOOLS=OFF -DKVTIER_BUILD_BENCHMARKS=OFF -DKVTIER_WITH_PROMETHEUS=OFF \
+  -DKVTIER_WITH_CUDA=OFF >"$root/fuzz.configure.log"
+cmake --build "$root/fuzz" -j "$jobs" --target kvtier_cache_fuzzer
+mkdir -p "$root/fuzz-corpus"  # new inputs go here; the committed seeds stay as they are
+KVTIER_FUZZ_COUNT=1 "$root/fuzz/kvtier_cache_fuzzer" -max_total_time=90 -rss_limit_mb=4096 \
+  -print_final_stats=1 "$root/fuzz-corpus" tests/fuzz/corpus
 
 configure_build_test tsan-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_BUILD_TOOLS=OFF \
   -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="-Werror=thread-safety" -DKVTIER_SANITIZE=thread -DKVTIER_WITH_CUDA=OFF

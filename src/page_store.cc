@@ -147,9 +147,10 @@ absl::Status PageStore::MapSlabs(int format, uint32_t count) {
       }
     }
     if (s.ok()) s = MapSlot(format);
-    if (!s.ok()) {  // the slabs mapped so far are empty: back to the budget
+    if (!s.ok()) {  // the slabs mapped so far are empty: back to the budget, never moved
       for (uint32_t j = 0; j < i && pools_[format].EmptySlot() != PagePool::kNone; ++j) {
         UnmapSlot(format, pools_[format].EmptySlot()).IgnoreError();
+        slab_moves_ -= 1;
       }
       return s;
     }

@@ -12,6 +12,7 @@
 #include "kernels/codec/half.h"
 #include "kvtier/cache.h"
 #include "kvtier/format.h"
+#include "tests/stats_diff.h"
 
 namespace kvtier::testing {
 
@@ -64,21 +65,9 @@ inline std::vector<float> RandomFloats(size_t n, uint32_t seed) {
   return out;
 }
 
-// The counters and gauges that must not move when a call fails.
+// The counters and gauges that must not move when a call fails (stats_diff.h).
 inline void ExpectSameState(const CacheStats& a, const CacheStats& b) {
-  EXPECT_EQ(a.slabs_free, b.slabs_free);
-  EXPECT_EQ(a.used_bytes, b.used_bytes);
-  EXPECT_EQ(a.sequences, b.sequences);
-  EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_EQ(a.pages_pending_reclaim, b.pages_pending_reclaim);
-  EXPECT_EQ(a.copy_on_write_blocks, b.copy_on_write_blocks);
-  ASSERT_EQ(a.formats.size(), b.formats.size());
-  for (size_t f = 0; f < a.formats.size(); ++f) {
-    EXPECT_EQ(a.formats[f].slabs_mapped, b.formats[f].slabs_mapped) << f;
-    EXPECT_EQ(a.formats[f].pages_used, b.formats[f].pages_used) << f;
-    EXPECT_EQ(a.formats[f].blocks_in_use, b.formats[f].blocks_in_use) << f;
-    EXPECT_EQ(a.formats[f].blocks_cached, b.formats[f].blocks_cached) << f;
-  }
+  EXPECT_EQ(StateDifference(a, b), "");
 }
 
 }  // namespace kvtier::testing
