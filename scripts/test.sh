@@ -66,7 +66,7 @@ cmake -S . -B "$root/fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CX
 cmake --build "$root/fuzz" -j "$jobs" --target kvtier_cache_fuzzer
 mkdir -p "$root/fuzz-corpus"  # new inputs go here; the committed seeds stay as they are
 KVTIER_FUZZ_COUNT=1 "$root/fuzz/kvtier_cache_fuzzer" -max_total_time=90 -rss_limit_mb=4096 \
-  -print_final_stats=1 "$root/fuzz-corpus" tests/fuzz/corpus
+  -print_final_stats=1 -artifact_prefix="$root/" "$root/fuzz-corpus" tests/fuzz/corpus
 
 configure_build_test tsan-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_BUILD_TOOLS=OFF \
   -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS="-Werror=thread-safety" -DKVTIER_SANITIZE=thread -DKVTIER_WITH_CUDA=OFF
