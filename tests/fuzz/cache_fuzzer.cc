@@ -15,10 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "adapters/page_table_adapters.h"
+#include "kvtier/adapters/block_tables.h"
+#include "kvtier/adapters/flashinfer.h"
+#include "kvtier/adapters/flex_attention.h"
+#include "kvtier/adapters/tensorrt_llm.h"
+#include "kvtier/attention.h"
 #include "kvtier/cache.h"
 #include "kvtier/policy.h"
-#include "src/attention/decode_attention.h"
 #include "tests/stats_diff.h"
 
 namespace kvtier {
