@@ -43,6 +43,7 @@ target_sources(kvtier PRIVATE
   kernels/self_check.cu
   src/cuda/cuda_backend.cc
   src/cuda/cuda_data_plane.cc
+  src/cuda/cuda_host_tier.cc
   src/cuda/cuda_decode_attention.cc
   src/cuda/cuda_status.cc
 )

@@ -57,6 +57,19 @@ class Backend {
   // Copies page `src` to page `dst` of one pool.
   virtual absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) = 0;
 
+  // Host-tier memory: the contract of Reserve, Unreserve, Map and Unmap, in host memory that
+  // CopyPages and Requantize reach directly (pinned on CUDA, so copies are asynchronous DMA).
+  virtual absl::StatusOr<uint8_t*> ReserveHost(size_t bytes) = 0;
+  virtual void UnreserveHost(uint8_t* base, size_t bytes) = 0;
+  virtual absl::Status MapHost(uint8_t* addr, size_t bytes) = 0;
+  virtual absl::Status UnmapHost(uint8_t* addr, size_t bytes) = 0;
+  // Copies page src_pages[i] of `from` to page dst_pages[i] of `to`, for one layer; one pool
+  // may be in host-tier memory. Ordered with every other call: complete by the next fence.
+  // REQUIRES: equal layouts; src_pages.size() == dst_pages.size().
+  virtual absl::Status CopyPages(const PoolView& from, const PoolView& to,
+                                 absl::Span<const uint32_t> src_pages,
+                                 absl::Span<const uint32_t> dst_pages) = 0;
+
   // True when every call above has completed on return, so freed pages may be reused at once.
   virtual bool synchronous() const = 0;
   // A fence that passes once all work issued so far has completed.

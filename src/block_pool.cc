@@ -15,11 +15,16 @@ absl::Status Violation(absl::string_view what) {
 
 // Live blocks never outnumber the pages that all slabs could hold in the densest format, so
 // block metadata never runs out before pages do.
-BlockPool::BlockPool(PageStore* pages, CacheMetrics* metrics)
+// Offloaded blocks keep their metadata, so the table also covers every host page.
+BlockPool::BlockPool(PageStore* pages, std::unique_ptr<PageStore> host, Backend* backend,
+                     CacheMetrics* metrics)
     : pages_(pages),
+      host_(std::move(host)),
+      backend_(backend),
       metrics_(metrics),
-      blocks_(pages->MaxLivePages()),
+      blocks_(pages->MaxLivePages() + (host_ ? host_->MaxLivePages() : 0)),
       evictor_(blocks_.capacity()),
+      host_evictor_(host_ ? blocks_.capacity() : 0),
       cached_by_format_(pages->num_formats(), 0) {}
 
 uint64_t BlockPool::RoomAfterEvictingAll(int format) const {
@@ -86,27 +91,45 @@ absl::Status BlockPool::EnsureFreePages(int format, uint32_t count, bool may_evi
 bool BlockPool::EvictOne() {
   const uint32_t b = evictor_.PopVictim(metrics_->steps);
   if (b == Evictor::kNone) return false;
-  BlockMeta& m = blocks_[b];
+  if (host_ == nullptr || !Offload(b)) {
+    if (blocks_[b].offloaded_children > 0) DropOffloadedDescendants(b);
+    Drop(b);
+  }
+  return true;
+}
+
+void BlockPool::Drop(uint32_t block) {
+  BlockMeta& m = blocks_[block];
+  if (evictor_.Contains(block)) evictor_.Remove(block);
+  if (host_ != nullptr && host_evictor_.Contains(block)) host_evictor_.Remove(block);
   index_.Erase(m.hash);
   if (m.parent != BlockTable::kNone) {
     BlockMeta& parent = blocks_[m.parent];
-    parent.children -= 1;
-    if (parent.children == 0 && parent.state == BlockState::kCached) {
-      // The rest of a cold chain goes next.
-      evictor_.AddColdest(m.parent, parent.priority, parent.expires_at);
-    }
+    (m.state == BlockState::kOffloaded ? parent.offloaded_children : parent.children) -= 1;
+    Relink(m.parent);
   }
-  cached_by_format_[m.format] -= 1;
+  if (m.state == BlockState::kCached) cached_by_format_[m.format] -= 1;
   metrics_->evicted_blocks += 1;
   metrics_->idle_before_evict_seconds.Observe((metrics_->NowMs() - m.idle_since_ms) / 1e3);
-  FreeBlock(b);
-  return true;
+  FreeBlock(block);
+}
+
+void BlockPool::Relink(uint32_t block) {
+  // The rest of a cold chain goes next: a parent that just became a leaf is evicted first.
+  const BlockMeta& m = blocks_[block];
+  if (m.state == BlockState::kCached && m.children == 0 && !evictor_.Contains(block)) {
+    evictor_.AddColdest(block, m.priority, m.expires_at);
+  }
+  if (m.state == BlockState::kOffloaded && m.ref_count == 0 && m.children == 0 &&
+      m.offloaded_children == 0 && !host_evictor_.Contains(block)) {
+    host_evictor_.AddColdest(block, m.priority, m.expires_at);
+  }
 }
 
 void BlockPool::FreeBlock(uint32_t block) {
   BlockMeta& m = blocks_[block];
   metrics_->block_lifetime_seconds.Observe((metrics_->NowMs() - m.born_ms) / 1e3);
-  pages_->Retire(m.format, m.page);
+  StoreOf(m).Retire(m.format, m.page);
   blocks_.Free(block);
 }
 
@@ -123,12 +146,21 @@ void BlockPool::Unreferenced(uint32_t block, int priority, int64_t expires_at) {
     FreeBlock(block);
     return;
   }
-  m.state = BlockState::kCached;
   m.idle_since_ms = metrics_->NowMs();
   m.priority = static_cast<uint8_t>(priority);
   m.expires_at = expires_at;
-  cached_by_format_[m.format] += 1;
-  if (m.children == 0) evictor_.Add(block, m.priority, metrics_->steps, m.expires_at);
+  Cache(block, BlockState::kCached);
+}
+
+void BlockPool::Cache(uint32_t block, BlockState state) {
+  BlockMeta& m = blocks_[block];
+  m.state = state;
+  if (state == BlockState::kCached) {
+    cached_by_format_[m.format] += 1;
+    if (m.children == 0) evictor_.Add(block, m.priority, metrics_->steps, m.expires_at);
+  } else if (m.children == 0 && m.offloaded_children == 0) {
+    host_evictor_.Add(block, m.priority, metrics_->steps, m.expires_at);
+  }
 }
 
 void BlockPool::Reference(uint32_t block) {
@@ -141,16 +173,30 @@ void BlockPool::Reference(uint32_t block) {
   m.ref_count += 1;
 }
 
+void BlockPool::Unpin(uint32_t block) {
+  BlockMeta& m = blocks_[block];
+  if (m.state == BlockState::kOffloaded) {
+    m.ref_count = 0;
+    Cache(block, BlockState::kOffloaded);
+  } else if (--m.ref_count == 0) {
+    Cache(block, BlockState::kCached);
+  }
+}
+
 bool BlockPool::Publish(uint32_t block, uint64_t hash, uint64_t parent_hash) {
   const uint32_t parent = parent_hash == kRootParentHash ? kNone : index_.Find(parent_hash);
+  // Children of offloaded blocks are offloaded too (a prefix hit brings a chain back from its
+  // root), so a block computed again over an offloaded prefix stays private.
+  if (parent != kNone && blocks_[parent].state == BlockState::kOffloaded) return false;
   if (!index_.Insert(hash, block)) return false;
   BlockMeta& m = blocks_[block];
   m.indexed = true;
   m.hash = hash;
   m.parent = parent;
   if (parent != kNone) {
-    BlockMeta& p = blocks_[parent];
-    if (p.children++ == 0 && evictor_.Contains(parent)) evictor_.Remove(parent);
+    // The parent may be cached (this block's sequence may hold a private copy of it); it is
+    // no longer a leaf.
+    if (blocks_[parent].children++ == 0 && evictor_.Contains(parent)) evictor_.Remove(parent);
   }
   return true;
 }
@@ -174,6 +220,7 @@ void BlockPool::Fill(CacheStats* s) const {
     if (b.state == BlockState::kInUse) s->formats[b.format].blocks_in_use += 1;
     if (b.state == BlockState::kCached) s->formats[b.format].blocks_cached += 1;
   }
+  if (host_ != nullptr) FillHost(s);
 }
 
 absl::Status BlockPool::CheckBlock(uint32_t b, absl::Span<const uint32_t> refs,
@@ -183,34 +230,66 @@ absl::Status BlockPool::CheckBlock(uint32_t b, absl::Span<const uint32_t> refs,
     return Violation(
         absl::StrCat("block ", b, " ref_count ", m.ref_count, " but ", refs[b], " references"));
   }
-  if (m.state == BlockState::kCached && (m.ref_count != 0 || refs[b] != 0 || !m.indexed)) {
+  if (m.state != BlockState::kInUse && (m.ref_count != 0 || refs[b] != 0 || !m.indexed)) {
     return Violation(absl::StrCat("cached block ", b, " is referenced or not indexed"));
   }
-  // Prefix index: an indexed block is found under its hash; its parent counts it.
+  // Prefix index: an indexed block is found under its hash; its parent counts it in its tier.
+  const bool offloaded = m.state == BlockState::kOffloaded;
   if (m.indexed) {
     if (index_.Find(m.hash) != b) return Violation(absl::StrCat("block ", b, " is not in the index"));
     if (m.parent != kNone) {
       if (!blocks_[m.parent].indexed) {
         return Violation(absl::StrCat("block ", b, "'s parent is not indexed"));
       }
-      (*children)[m.parent] += 1;
+      (*children)[2 * m.parent + (offloaded ? 1 : 0)] += 1;
     }
   }
   if (m.format >= pages_->num_formats()) return Violation(absl::StrCat("block ", b, " has no format"));
-  const PagePool& pool = pages_->pool(m.format);
+  const PagePool& pool = (offloaded ? *host_ : *pages_).pool(m.format);
   if (m.page >= pool.capacity_pages() || pool.Owner(m.page) != b ||
       !pool.IsMapped(pool.SlotOfPage(m.page))) {
-    return Violation(absl::StrCat("block ", b, " does not own page ", m.page, " in a mapped slab"));
+    return Violation(absl::StrCat("block ", b, " does not own page ", m.page, " in a mapped slab",
+                                  offloaded ? " of the host tier" : ""));
   }
   return absl::OkStatus();
 }
 
+absl::Status BlockPool::CheckLeaves(absl::Span<const uint32_t> children) const {
+  // Leaf-first in each tier: exactly the cached blocks without indexed children on the device
+  // are evictable, and exactly the offloaded blocks without indexed children anywhere.
+  for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
+    const BlockMeta& m = blocks_[b];
+    if (m.state != BlockState::kFree &&
+        (m.children != children[2 * b] || m.offloaded_children != children[2 * b + 1])) {
+      return Violation(absl::StrCat("block ", b, " counts ", m.children, "+",
+                                    m.offloaded_children, " children, has ", children[2 * b],
+                                    "+", children[2 * b + 1]));
+    }
+    if (m.state == BlockState::kOffloaded && m.children != 0) {
+      return Violation(absl::StrCat("offloaded block ", b, " has children on the device"));
+    }
+    const bool leaf = m.state == BlockState::kCached && m.children == 0;
+    if (evictor_.Contains(b) != leaf) {
+      return Violation(absl::StrCat("block ", b, (leaf ? " is a cached leaf but not evictable"
+                                                       : " is evictable but not a cached leaf")));
+    }
+    const bool host_leaf = m.state == BlockState::kOffloaded && m.offloaded_children == 0;
+    if (host_ != nullptr && host_evictor_.Contains(b) != host_leaf) {
+      return Violation(absl::StrCat("block ", b, " is ", host_leaf ? "" : "not ",
+                                    "an offloaded leaf but is ", host_leaf ? "not " : "",
+                                    "evictable in the host tier"));
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(evictor_.CheckConsistency());
+  return host_ != nullptr ? host_evictor_.CheckConsistency() : absl::OkStatus();
+}
+
 absl::Status BlockPool::CheckConsistency(absl::Span<const uint32_t> refs) const {
-  // Every block in exactly one state; live blocks own exactly their page.
+  // Every block in exactly one state; live blocks own exactly their page in their tier.
   const int formats = pages_->num_formats();
   uint32_t free_blocks = 0, indexed = 0;
-  std::vector<uint32_t> owned(formats, 0), cached(formats, 0);
-  std::vector<uint32_t> children(blocks_.capacity(), 0);
+  std::vector<uint32_t> owned(formats, 0), host_owned(formats, 0), cached(formats, 0);
+  std::vector<uint32_t> children(2 * size_t{blocks_.capacity()}, 0);  // [block][tier]
   for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
     const BlockMeta& m = blocks_[b];
     if (m.state == BlockState::kFree) {
@@ -218,10 +297,13 @@ absl::Status BlockPool::CheckConsistency(absl::Span<const uint32_t> refs) const 
       if (refs[b] != 0) return Violation(absl::StrCat("free block ", b, " is referenced"));
       continue;
     }
+    if (m.state == BlockState::kOffloaded && host_ == nullptr) {
+      return Violation(absl::StrCat("block ", b, " is offloaded without a host tier"));
+    }
     KVTIER_RETURN_IF_ERROR(CheckBlock(b, refs, &children));
     if (m.state == BlockState::kCached) cached[m.format] += 1;
     indexed += m.indexed ? 1 : 0;
-    owned[m.format] += 1;
+    (m.state == BlockState::kOffloaded ? host_owned : owned)[m.format] += 1;
   }
   if (free_blocks != blocks_.free_count() || blocks_.CountFreeList() != free_blocks) {
     return Violation("the block free list disagrees with block states");
@@ -229,22 +311,11 @@ absl::Status BlockPool::CheckConsistency(absl::Span<const uint32_t> refs) const 
   if (indexed != index_.size()) {
     return Violation(absl::StrCat("index holds ", index_.size(), " blocks, ", indexed, " indexed"));
   }
-  // Leaf-first: exactly the cached blocks without indexed children are evictable.
-  for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
-    const BlockMeta& m = blocks_[b];
-    if (m.state != BlockState::kFree && m.children != children[b]) {
-      return Violation(absl::StrCat("block ", b, " counts ", m.children, " children, has ", children[b]));
-    }
-    const bool leaf = m.state == BlockState::kCached && m.children == 0;
-    if (evictor_.Contains(b) != leaf) {
-      return Violation(absl::StrCat("block ", b, (leaf ? " is a cached leaf but not evictable"
-                                                       : " is evictable but not a cached leaf")));
-    }
-  }
-  KVTIER_RETURN_IF_ERROR(evictor_.CheckConsistency());
+  KVTIER_RETURN_IF_ERROR(CheckLeaves(children));
   for (int f = 0; f < formats; ++f) {
     if (cached[f] != cached_by_format_[f]) return Violation(absl::StrCat("format ", f, " cached count"));
   }
+  if (host_ != nullptr) KVTIER_RETURN_IF_ERROR(host_->CheckConsistency(host_owned));
   return pages_->CheckConsistency(owned);
 }
 

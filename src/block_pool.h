@@ -5,14 +5,23 @@
 // moved to a colder page; the cache keeps sequences, sharing and policy.
 //
 // States (design.md): free; in use (referenced by sequences); cached (unreferenced, indexed,
-// evictable once no indexed child is cached or in use). Each indexed block knows its indexed
-// parent and counts its indexed children, so eviction is leaf-first and O(1).
+// evictable once no indexed child is cached or in use on the device); offloaded (unreferenced,
+// indexed, its page in the host tier, droppable once it has no indexed child in either tier).
+// Each indexed block knows its indexed parent and counts its indexed children per tier, so
+// eviction is leaf-first and O(1) in both tiers.
+//
+// Host tier (docs/tiers.md; host_tier.cc). With Options::host_tier_bytes, a cached block
+// chosen for eviction is copied to a page of a second PageStore in host-tier memory (demoted
+// on the way to Options::host_tier_format) and keeps its id; the host tier drops its own
+// leaves by their priority and LRU when it needs room. Acquire brings offloaded blocks of a
+// matched prefix back to device pages in their format.
 //
 // Thread-compatible: the cache's mutex guards it.
 #ifndef KVTIER_SRC_BLOCK_POOL_H_
 #define KVTIER_SRC_BLOCK_POOL_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,8 +39,10 @@ class BlockPool {
  public:
   static constexpr uint32_t kNone = BlockTable::kNone;
 
-  // `pages` and `metrics` must outlive the pool.
-  BlockPool(PageStore* pages, CacheMetrics* metrics);
+  // `pages`, `backend` and `metrics` must outlive the pool. `host` is the host tier's store
+  // (Memory::kHost), or null for none.
+  BlockPool(PageStore* pages, std::unique_ptr<PageStore> host, Backend* backend,
+            CacheMetrics* metrics);
 
   BlockTable& blocks() { return blocks_; }
   const BlockTable& blocks() const { return blocks_; }
@@ -51,8 +62,14 @@ class BlockPool {
   // whose level lapses at step `expires_at`: an indexed block becomes cached (evictable when it
   // is a leaf); any other block is freed.
   void Unreferenced(uint32_t block, int priority, int64_t expires_at);
-  // Takes a reference to `block`, found in the index; a cached block is in use again.
-  void Reference(uint32_t block);
+  // Takes a reference to every block of `chain`, the blocks that a prompt matched through
+  // Find, in order (each the indexed child of the one before). Offloaded blocks are first
+  // brought back to device pages of their format, in one batch of copies per format and layer.
+  // When that fails (no device room, a failing copy), the chain is cut before its first
+  // offloaded block and the blocks from there on stay cached in their tier. Returns how many
+  // leading blocks of `chain` are now referenced; adds the blocks brought back to *onloaded
+  // and sets *ready_fence to the fence their copies complete by (0 when there were none).
+  size_t Acquire(absl::Span<const uint32_t> chain, int64_t* onloaded, uint64_t* ready_fence);
 
   // The indexed block whose prefix hash is `hash`, or kNone.
   uint32_t Find(uint64_t hash) const { return index_.Find(hash); }
@@ -64,29 +81,72 @@ class BlockPool {
   // Points `block` at `page` of the colder `format` and retires its old page.
   void MoveToPage(uint32_t block, int format, uint32_t page);
 
-  // Writes the block, eviction and index fields of `stats` (after PageStore::Fill).
+  // Closes the host tier's step (PageStore::EndStep); OK without a host tier.
+  absl::Status EndStep();
+  // Sets the per-tensor scales of `layer` in both tiers. FailedPrecondition, with nothing
+  // changed, when either tier holds pages of a format with a per-tensor scale.
+  absl::Status SetTensorScales(int layer, float k_amax, float v_amax);
+
+  // Writes the block, eviction, index and host-tier gauge fields of `stats` (after
+  // PageStore::Fill and CacheMetrics::Fill).
   void Fill(CacheStats* stats) const;
   // Checks block states against `refs` (references from sequences, per block), the index, the
   // leaf-first evictor and the pages each block owns.
   absl::Status CheckConsistency(absl::Span<const uint32_t> refs) const;
 
  private:
-  // Evicts one cached leaf; false when none is evictable.
+  // Offloads, or else drops, one cached device leaf; false when none is evictable.
   bool EvictOne();
-  // Retires a block's page and frees its metadata.
+  // Takes a reference to `block`; a cached block is in use again.
+  void Reference(uint32_t block);
+  // Undoes Reference, or the pinning of an offloaded block; a block that becomes unreferenced
+  // again keeps its priority and expiry and is the most recent of its level.
+  void Unpin(uint32_t block);
+  // Makes an unreferenced indexed block cached (or offloaded when `state` says so) and
+  // evictable in its tier when it is a leaf there.
+  void Cache(uint32_t block, BlockState state);
+  // Removes an unreferenced block from the index and frees it (either tier).
+  void Drop(uint32_t block);
+  // Puts `block` into the evictor of its tier when its counts just made it a leaf there.
+  void Relink(uint32_t block);
+  // Retires a block's page (in its tier) and frees its metadata.
   void FreeBlock(uint32_t block);
+  PageStore& StoreOf(const BlockMeta& m) {
+    return m.state == BlockState::kOffloaded ? *host_ : *pages_;
+  }
+
+  // Host tier (host_tier.cc).
+  // Copies the cached device leaf `block` into the host tier; false, with nothing changed,
+  // when the host tier has no room for it or a copy fails.
+  bool Offload(uint32_t block);
+  // Drops the offloaded blocks below the cached device block `block`, for dropping it.
+  void DropOffloadedDescendants(uint32_t block);
+  // Makes one page of `format` allocatable in the host tier, dropping offloaded leaves.
+  bool MakeHostRoom(int format);
+  // Brings the offloaded blocks `blocks` (pinned) back to device pages, batched by format.
+  absl::Status Onload(absl::Span<const uint32_t> blocks);
+  // Copies page `src[i]` of `from` to page `dst[i]` of `to` in every layer, requantising when
+  // the formats differ.
+  absl::Status CopyBetween(const PageStore& from, int from_format, absl::Span<const uint32_t> src,
+                           const PageStore& to, int to_format, absl::Span<const uint32_t> dst);
+  void FillHost(CacheStats* stats) const;
   // Pages of `format` that evicting every evictable cached block and reclaiming every retired
   // page would make allocatable (exact). Cost: O(blocks + mapped pages); only on the way to
   // eviction.
   uint64_t RoomAfterEvictingAll(int format) const;
   absl::Status CheckBlock(uint32_t b, absl::Span<const uint32_t> refs,
                           std::vector<uint32_t>* children) const;
+  // Checks child counts ([2 * block + tier], counted from the blocks) and both evictors.
+  absl::Status CheckLeaves(absl::Span<const uint32_t> children) const;
 
   PageStore* const pages_;
+  const std::unique_ptr<PageStore> host_;  // null without a host tier
+  Backend* const backend_;
   CacheMetrics* const metrics_;
   BlockTable blocks_;
   PrefixIndex index_;
-  Evictor evictor_;
+  Evictor evictor_;       // cached device leaves
+  Evictor host_evictor_;  // offloaded leaves
   std::vector<uint32_t> cached_by_format_;  // [format]
 };
 

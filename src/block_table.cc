@@ -21,6 +21,7 @@ uint32_t BlockTable::Allocate(uint8_t format, uint32_t page) {
   b.page = page;
   b.parent = kNone;
   b.children = 0;
+  b.offloaded_children = 0;
   b.indexed = false;
   b.priority = 0;
   b.vote_tier = 0;

@@ -22,7 +22,7 @@ struct BlockMeta {
   uint32_t ref_count = 0;      // sequences holding the block
   uint32_t next_free = 0;      // free-list link while kFree
   uint32_t parent = 0xFFFFFFFFu;  // indexed block this one's hash chains from, or none
-  uint32_t children = 0;       // indexed blocks whose parent this is
+  uint32_t children = 0;       // indexed blocks on the device whose parent this is
   uint16_t num_tokens = 0;     // tokens filled, <= block_tokens
   uint8_t format = 0;          // palette index
   uint8_t coldest_format = 0;  // strictest sharer's minimum precision (palette index)
@@ -33,6 +33,7 @@ struct BlockMeta {
   uint16_t votes = 0;          // sharers whose age for the block has crossed into vote_tier
   uint32_t born_ms = 0;        // cache clock at allocation
   uint32_t idle_since_ms = 0;  // cache clock when it was last cached
+  uint32_t offloaded_children = 0;  // indexed children in the host tier (`children`: device)
 };
 
 class BlockTable {

@@ -192,7 +192,7 @@ absl::Status CacheImpl::CalibrateTensorScales(int32_t layer, const KVInput& kv) 
     v_amax = std::max(v_amax, FiniteAbs(half ? codec::HalfToFloat(vb) : codec::Bf16ToFloat(vb)));
   }
   MutexLock lock(&mu_);
-  return pages_->SetTensorScales(layer, k_amax, v_amax);
+  return pool_.SetTensorScales(layer, k_amax, v_amax);
 }
 
 }  // namespace kvtier

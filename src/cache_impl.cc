@@ -35,16 +35,22 @@ absl::StatusOr<std::unique_ptr<CacheImpl>> CacheImpl::Create(const Options& opti
                                                              std::unique_ptr<Backend> backend) {
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PageStore> pages,
                           PageStore::Create(options, backend.get()));
-  return std::unique_ptr<CacheImpl>(new CacheImpl(options, std::move(backend), std::move(pages)));
+  std::unique_ptr<PageStore> host;
+  if (options.host_tier_bytes > 0) {
+    KVTIER_ASSIGN_OR_RETURN(host,
+                            PageStore::Create(options, backend.get(), PageStore::Memory::kHost));
+  }
+  return std::unique_ptr<CacheImpl>(
+      new CacheImpl(options, std::move(backend), std::move(pages), std::move(host)));
 }
 
 CacheImpl::CacheImpl(const Options& options, std::unique_ptr<Backend> backend,
-                     std::unique_ptr<PageStore> pages)
+                     std::unique_ptr<PageStore> pages, std::unique_ptr<PageStore> host)
     : options_(options),
       backend_(std::move(backend)),
       metrics_(static_cast<int>(options.palette.size())),
       pages_(std::move(pages)),
-      pool_(pages_.get(), &metrics_),
+      pool_(pages_.get(), std::move(host), backend_.get(), &metrics_),
       demote_queue_(options.palette.size()) {}
 
 CacheImpl::~CacheImpl() = default;
@@ -60,7 +66,6 @@ void CacheImpl::DropRef(uint32_t block, const Sequence& seq) {
 }
 
 void CacheImpl::Attach(Sequence& seq, uint32_t block) {
-  pool_.Reference(block);
   BlockMeta& m = pool_[block];
   m.coldest_format = std::min<uint8_t>(m.coldest_format, static_cast<uint8_t>(seq.coldest_format));
   seq.blocks.push_back(block);
@@ -85,22 +90,31 @@ absl::StatusOr<AddResult> CacheImpl::AddSequence(const SequenceOptions& options)
   seq.priority_ttl_steps = options.priority_ttl_steps;
   const int64_t n = static_cast<int64_t>(options.prompt.size());
   const int64_t matchable = n > 0 ? (n - 1) / s : 0;  // leave one token to compute
-  int64_t matched = 0;
-  for (; matched < matchable; ++matched) {
-    const uint64_t hash =
-        HashBlock(seq.chain_hash, options.prompt.subspan(matched * s, s), seq.extra_key);
+  // The chain of blocks found, in either tier; the pool references them (bringing offloaded
+  // ones back) and may cut the chain at the first offloaded block.
+  std::vector<uint32_t> chain;
+  std::vector<uint64_t> hashes;
+  for (int64_t i = 0; i < matchable; ++i) {
+    const uint64_t hash = HashBlock(hashes.empty() ? seq.chain_hash : hashes.back(),
+                                    options.prompt.subspan(i * s, s), seq.extra_key);
     const uint32_t block = pool_.Find(hash);
     if (block == BlockPool::kNone || pool_[block].format > seq.coldest_format) break;
-    Attach(seq, block);
-    seq.chain_hash = hash;
+    chain.push_back(block);
+    hashes.push_back(hash);
   }
+  int64_t onloaded = 0;
+  uint64_t ready_fence = 0;
+  const int64_t matched = static_cast<int64_t>(pool_.Acquire(chain, &onloaded, &ready_fence));
+  for (int64_t i = 0; i < matched; ++i) Attach(seq, chain[i]);
+  if (matched > 0) seq.chain_hash = hashes[matched - 1];
   seq.num_tokens = matched * s;
   metrics_.tokens += seq.num_tokens;
   metrics_.prefix_queried_tokens += n;
   metrics_.prefix_hit_tokens += matched * s;
   metrics_.prefix_hit_blocks += matched;
   metrics_.prefix_missed_blocks += n / s - matched;
-  return AddResult{id, matched * s};
+  metrics_.host.hit_tokens += onloaded * s;
+  return AddResult{id, matched * s, onloaded * s, ready_fence};
 }
 
 absl::StatusOr<int64_t> CacheImpl::PlanAppend(absl::Span<const SequenceId> batch,
@@ -282,8 +296,8 @@ CacheStats CacheImpl::GetStats() const {
   const Geometry& g = options_.geometry;
   CacheStats s;
   pages_->Fill(&s);
-  pool_.Fill(&s);
   metrics_.Fill(&s);
+  pool_.Fill(&s);
   s.sequences = sequences_.live_count();
   s.policy = policy_ ? policy_->name : "";
   s.under_pressure = under_pressure_;

@@ -51,19 +51,20 @@ class CacheImpl final : public Cache {
   absl::Status CalibrateTensorScales(int32_t layer, const KVInput& kv) override;
   absl::Status SetPolicy(const Policy& policy) override;
   absl::Status EndStep() override;
+  absl::StatusOr<bool> FencePassed(uint64_t fence) override;
   CacheStats GetStats() const override;
   absl::Status CheckConsistency() const override;
 
  private:
   CacheImpl(const Options& options, std::unique_ptr<Backend> backend,
-            std::unique_ptr<PageStore> pages);
+            std::unique_ptr<PageStore> pages, std::unique_ptr<PageStore> host);
 
   int num_formats() const { return static_cast<int>(options_.palette.size()); }
 
   // Sequences and sharing (cache_impl.cc).
   // Indexes the block that `seq`'s tail tokens just filled.
   void IndexFullTail(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes a reference to a block found in the prefix index for `seq`.
+  // Appends to `seq` a block found in the prefix index, already referenced for it.
   void Attach(Sequence& seq, uint32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one reference held by `seq` (pool_.Unreferenced at the last).
   void DropRef(uint32_t block, const Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

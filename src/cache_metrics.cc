@@ -36,6 +36,7 @@ void CacheMetrics::Fill(CacheStats* s) const {
   s->migration_seconds = migration_seconds.stats();
   s->block_lifetime_seconds = block_lifetime_seconds.stats();
   s->block_idle_before_evict_seconds = idle_before_evict_seconds.stats();
+  s->host = host;  // the counters; the block pool writes the gauges after
   s->migrations.clear();
   for (const MigrationStats& m : migrations_) {
     if (m.blocks > 0) s->migrations.push_back(m);

@@ -42,6 +42,7 @@ class CacheMetrics {
   int64_t evicted_blocks = 0;
   int64_t demotions_under_pressure = 0;
   int64_t policy_demotion_failures = 0;
+  HostTierStats host;  // the counter fields only
   Histogram migration_seconds{Histogram::Exponential(1e-5, 4, 10)};
   Histogram block_lifetime_seconds{Histogram::Exponential(0.01, 4, 12)};
   Histogram idle_before_evict_seconds{Histogram::Exponential(0.01, 4, 12)};

@@ -45,7 +45,13 @@ absl::Status CacheImpl::EndStep() {
   MutexLock lock(&mu_);
   RunPolicy();
   metrics_.steps += 1;
-  return pages_->EndStep();
+  KVTIER_RETURN_IF_ERROR(pages_->EndStep());
+  return pool_.EndStep();
+}
+
+absl::StatusOr<bool> CacheImpl::FencePassed(uint64_t fence) {
+  MutexLock lock(&mu_);
+  return fence == 0 || backend_->FencePassed(fence);
 }
 
 void CacheImpl::MarkDirty(SequenceId id, Sequence& seq) {
@@ -114,6 +120,7 @@ void CacheImpl::DrainDemoteQueue(int format) {
   queue.erase(std::remove_if(queue.begin(), queue.end(),
                              [&](uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                                return pool_[b].state == BlockState::kFree ||
+                                      pool_[b].state == BlockState::kOffloaded ||
                                       pool_[b].format >= format;
                              }),
               queue.end());
@@ -155,6 +162,10 @@ absl::Status CacheImpl::Demote(absl::Span<const BlockId> ids, int32_t format) {
                                               " is unknown or stale"));
     }
     const BlockMeta& b = pool_[ids[i].index];
+    if (b.state == BlockState::kOffloaded) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "block ", ids[i].index, " is in the host tier; a prefix hit brings it back first"));
+    }
     if (b.format >= format) {
       return absl::InvalidArgumentError(absl::StrCat(
           "block ", ids[i].index, " is in palette format ", int{b.format},

@@ -92,6 +92,25 @@ absl::Status CheckBudget(const Options& o, uint64_t densest) {
   return absl::OkStatus();
 }
 
+// The host tier: none, or at least one slab per layer; its blocks keep their metadata, so the
+// two tiers together stay within the metadata bound.
+absl::Status CheckHostTier(const Options& o, uint64_t densest) {
+  const uint64_t layers = static_cast<uint64_t>(o.geometry.num_layers);
+  const uint64_t slabs = o.host_tier_bytes / o.slab_bytes / layers;
+  if (o.host_tier_bytes != 0 && slabs == 0) {
+    return Invalid("host_tier_bytes",
+                   absl::StrCat(o.host_tier_bytes, " is neither 0 nor room for a slab of ",
+                                o.slab_bytes, " bytes in each of ", layers, " layers"));
+  }
+  if (slabs + o.memory_budget_bytes / o.slab_bytes / layers > kMaxBlocks / densest) {
+    return Invalid("host_tier_bytes",
+                   absl::StrCat(o.host_tier_bytes, " with the device budget holds more than ",
+                                kMaxBlocks, " blocks of metadata; lower either"));
+  }
+  return CheckRange("host_tier_format", o.host_tier_format, -1,
+                    static_cast<int64_t>(o.palette.size()) - 1);
+}
+
 }  // namespace
 
 absl::Status ValidateOptions(const Options& o) {
@@ -120,6 +139,7 @@ absl::Status ValidateOptions(const Options& o) {
   uint64_t densest = 0;
   KVTIER_RETURN_IF_ERROR(CheckPalette(o, &densest));
   KVTIER_RETURN_IF_ERROR(CheckBudget(o, densest));
+  KVTIER_RETURN_IF_ERROR(CheckHostTier(o, densest));
   s = CheckAmax("k_tensor_amax", o.k_tensor_amax, g.num_layers);
   if (s.ok()) s = CheckAmax("v_tensor_amax", o.v_tensor_amax, g.num_layers);
   return s;

@@ -37,24 +37,28 @@ float TensorScale(ElementType type, float amax) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PageStore>> PageStore::Create(const Options& options,
-                                                             Backend* backend) {
-  std::unique_ptr<PageStore> store(new PageStore(options, backend));
+                                                             Backend* backend, Memory memory) {
+  std::unique_ptr<PageStore> store(new PageStore(options, backend, memory));
+  const bool host = memory == Memory::kHost;
   const int layers = options.geometry.num_layers;
   for (int f = 0; f < store->num_formats(); ++f) {
     for (int l = 0; l < layers; ++l) {
-      KVTIER_ASSIGN_OR_RETURN(uint8_t* base, backend->Reserve(store->range_bytes_));
+      KVTIER_ASSIGN_OR_RETURN(uint8_t* base, host ? backend->ReserveHost(store->range_bytes_)
+                                                   : backend->Reserve(store->range_bytes_));
       store->bases_.push_back(base);  // the destructor releases what was reserved so far
     }
   }
   return store;
 }
 
-PageStore::PageStore(const Options& options, Backend* backend)
+PageStore::PageStore(const Options& options, Backend* backend, Memory memory)
     : options_(options),
       backend_(backend),
+      memory_(memory),
       layouts_(MakeLayouts(options)),
-      num_slabs_(static_cast<uint32_t>(options.memory_budget_bytes / options.slab_bytes /
-                                       options.geometry.num_layers)),
+      num_slabs_(static_cast<uint32_t>(
+          (memory == Memory::kHost ? options.host_tier_bytes : options.memory_budget_bytes) /
+          options.slab_bytes / options.geometry.num_layers)),
       range_bytes_(num_slabs_ * options.slab_bytes),
       free_slabs_(num_slabs_) {
   const int layers = options.geometry.num_layers;
@@ -71,7 +75,13 @@ PageStore::PageStore(const Options& options, Backend* backend)
 }
 
 PageStore::~PageStore() {
-  for (uint8_t* base : bases_) backend_->Unreserve(base, range_bytes_);
+  for (uint8_t* base : bases_) {
+    if (memory_ == Memory::kHost) {
+      backend_->UnreserveHost(base, range_bytes_);
+    } else {
+      backend_->Unreserve(base, range_bytes_);
+    }
+  }
 }
 
 uint32_t PageStore::MaxLivePages() const {
@@ -96,9 +106,9 @@ absl::Status PageStore::MapSlot(int format) {
   PagePool& pool = pools_[format];
   const uint32_t slot = pool.UnmappedSlot();
   for (int l = 0; l < options_.geometry.num_layers; ++l) {
-    absl::Status s = backend_->Map(SlotAddress(format, l, slot), options_.slab_bytes);
+    absl::Status s = MapMemory(SlotAddress(format, l, slot));
     if (!s.ok()) {
-      while (l-- > 0) backend_->Unmap(SlotAddress(format, l, slot), options_.slab_bytes).IgnoreError();
+      while (l-- > 0) UnmapMemory(SlotAddress(format, l, slot)).IgnoreError();
       return s;
     }
   }
@@ -108,12 +118,22 @@ absl::Status PageStore::MapSlot(int format) {
   return absl::OkStatus();
 }
 
+absl::Status PageStore::MapMemory(uint8_t* addr) {
+  return memory_ == Memory::kHost ? backend_->MapHost(addr, options_.slab_bytes)
+                                  : backend_->Map(addr, options_.slab_bytes);
+}
+
+absl::Status PageStore::UnmapMemory(uint8_t* addr) {
+  return memory_ == Memory::kHost ? backend_->UnmapHost(addr, options_.slab_bytes)
+                                  : backend_->Unmap(addr, options_.slab_bytes);
+}
+
 absl::Status PageStore::UnmapSlot(int format, uint32_t slot) {
   pools_[format].RemoveSlot(slot);
   free_slabs_ += 1;
   absl::Status status;
   for (int l = 0; l < options_.geometry.num_layers; ++l) {
-    status.Update(backend_->Unmap(SlotAddress(format, l, slot), options_.slab_bytes));
+    status.Update(UnmapMemory(SlotAddress(format, l, slot)));
   }
   return status;
 }
@@ -207,15 +227,21 @@ absl::Status PageStore::EndStep() {
   return status;
 }
 
-absl::Status PageStore::SetTensorScales(int layer, float k_amax, float v_amax) {
+absl::Status PageStore::CheckTensorScalesFree() const {
   for (int f = 0; f < num_formats(); ++f) {
     const FormatSpec& spec = options_.palette[f];
     const bool per_tensor = spec.k.scope == ScaleScope::kTensor || spec.v.scope == ScaleScope::kTensor;
     if (per_tensor && pools_[f].used_pages() > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          FormatName(spec), " already holds blocks encoded with the current per-tensor scale"));
+          FormatName(spec), " already holds blocks encoded with the current per-tensor scale",
+          memory_ == Memory::kHost ? " in the host tier" : ""));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status PageStore::SetTensorScales(int layer, float k_amax, float v_amax) {
+  KVTIER_RETURN_IF_ERROR(CheckTensorScalesFree());
   for (int f = 0; f < num_formats(); ++f) {
     const size_t i = static_cast<size_t>(f) * options_.geometry.num_layers + layer;
     k_scales_[i] = TensorScale(options_.palette[f].k.type, k_amax);

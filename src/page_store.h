@@ -29,13 +29,19 @@ namespace kvtier {
 
 class PageStore {
  public:
+  // Where a store's memory lives: the device pools (memory_budget_bytes), or the host tier
+  // (host_tier_bytes, Backend::ReserveHost and MapHost).
+  enum class Memory : uint8_t { kDevice, kHost };
+
   // Reserves every (format, layer) range. `backend` must outlive the store.
-  // REQUIRES: ValidateOptions(options) is OK.
+  // REQUIRES: ValidateOptions(options) is OK; host_tier_bytes > 0 for Memory::kHost.
   static absl::StatusOr<std::unique_ptr<PageStore>> Create(const Options& options,
-                                                           Backend* backend);
+                                                           Backend* backend,
+                                                           Memory memory = Memory::kDevice);
   ~PageStore();
 
   const Options& options() const { return options_; }
+  Memory memory() const { return memory_; }
   int num_formats() const { return static_cast<int>(layouts_.size()); }
   uint32_t num_slabs() const { return num_slabs_; }  // per layer
   uint32_t free_slabs() const { return free_slabs_; }
@@ -75,6 +81,8 @@ class PageStore {
   // Sets the per-tensor scales of `layer` from the amax of its K and V, for every format.
   // FailedPrecondition, with nothing changed, when a format with a per-tensor scale holds pages.
   absl::Status SetTensorScales(int layer, float k_amax, float v_amax);
+  // FailedPrecondition when a format with a per-tensor scale holds pages.
+  absl::Status CheckTensorScalesFree() const;
 
   // Bytes of used pages over all formats and layers.
   int64_t UsedBytes() const;
@@ -84,13 +92,17 @@ class PageStore {
   absl::Status CheckConsistency(absl::Span<const uint32_t> owned) const;
 
  private:
-  PageStore(const Options& options, Backend* backend);
+  PageStore(const Options& options, Backend* backend, Memory memory);
   uint8_t* SlotAddress(int format, int layer, uint32_t slot) const;
   absl::Status MapSlot(int format);
+  // One slab of one layer, through the backend calls of memory_.
+  absl::Status MapMemory(uint8_t* addr);
+  absl::Status UnmapMemory(uint8_t* addr);
   absl::Status UnmapSlot(int format, uint32_t slot);
 
   const Options options_;
   Backend* const backend_;
+  const Memory memory_;
   const std::vector<PageLayout> layouts_;  // [format]
   const uint32_t num_slabs_;               // per layer
   const size_t range_bytes_;               // reserved per (format, layer)

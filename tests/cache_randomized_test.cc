@@ -47,6 +47,12 @@ class RandomWalk {
     EXPECT_GT(s.evicted_blocks, 0);
     EXPECT_GT(s.allocation_failures, 0);
     ASSERT_EQ(s.migrations.size(), 1u);
+    if (cache_->options().host_tier_bytes > 0) {
+      EXPECT_GT(s.host.offloaded_blocks, 0);
+      EXPECT_GT(s.host.onloaded_blocks, 0);
+      EXPECT_GT(s.host.hit_tokens, 0);
+      EXPECT_GT(s.host.evicted_blocks, 0);
+    }
   }
 
  private:
@@ -175,6 +181,17 @@ TEST(CacheRandomizedTest, HundredThousandOperationsKeepEveryInvariant) {
   Options o = testing::SmallOptions(/*slabs_per_layer=*/2);
   o.palette = {*ParseFormat("fp16"), *ParseFormat("bf16")};
   RandomWalk walk(20261129, o);
+  walk.Run(100000);
+}
+
+TEST(CacheRandomizedTest, WithAHostTierOffloadAndOnloadKeepEveryInvariant) {
+  // A host tier of 1 slab per layer below the same device budget; offloaded FP16 blocks are
+  // demoted to BF16 on the way down (the walk's values are exact in both).
+  Options o = testing::SmallOptions(/*slabs_per_layer=*/2);
+  o.palette = {*ParseFormat("fp16"), *ParseFormat("bf16")};
+  o.host_tier_bytes = size_t{2} * o.slab_bytes;
+  o.host_tier_format = 1;
+  RandomWalk walk(20261201, o);
   walk.Run(100000);
 }
 

@@ -48,6 +48,7 @@ enum class BlockState : uint8_t {
   kFree,    // not holding data; its id is stale
   kInUse,   // referenced by at least one sequence
   kCached,  // unreferenced, kept for prefix reuse, evictable
+  kOffloaded,  // unreferenced, kept for prefix reuse in the host tier (Options::host_tier_bytes)
 };
 
 struct BlockInfo {
@@ -100,6 +101,11 @@ struct SequenceOptions {
 struct AddResult {
   SequenceId id;
   int64_t cached_tokens = 0;  // prompt tokens found in the cache (a multiple of block_tokens)
+  int64_t host_tokens = 0;    // of which brought back from the host tier
+  // A fence that passes once the blocks brought back from the host tier hold their data
+  // (Cache::FencePassed); 0 when none was. Work on the CUDA backend's stream, or on the legacy
+  // default stream, is ordered after the copies anyway.
+  uint64_t ready_fence = 0;
 };
 
 class KVTIER_EXPORT Cache {
@@ -208,6 +214,9 @@ class KVTIER_EXPORT Cache {
   // window shrinking under pressure), records the backend fence for work issued so far, returns
   // pages whose fences have passed to their slabs and empty slabs to the budget.
   virtual absl::Status EndStep() = 0;
+  // True once the device work issued before `fence` (AddResult::ready_fence) has completed;
+  // fences pass in order. Always true on the CPU backend and for fence 0.
+  virtual absl::StatusOr<bool> FencePassed(uint64_t fence) = 0;
 
   // ---- Introspection ----
 

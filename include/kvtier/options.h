@@ -60,6 +60,19 @@ struct Options {
   std::vector<float> k_tensor_amax;
   std::vector<float> v_tensor_amax;
 
+  // Bytes of host memory for the host tier, below the device pools (docs/tiers.md): a cached
+  // block chosen for eviction is copied there instead of dropped, and a prefix hit on it brings
+  // it back. Pinned host memory on the CUDA backend; ordinary host memory on the CPU backend.
+  // Cut into slabs of `slab_bytes` per layer like the device budget. REQUIRES: 0 or at least
+  // slab_bytes * num_layers. Default: 0 (no host tier: evicted blocks are dropped).
+  size_t host_tier_bytes = 0;
+
+  // The palette index blocks take in the host tier: a block hotter than it is demoted as it is
+  // offloaded (fewer bytes over PCIe and in host memory), unless a sharer's minimum precision
+  // forbids it; a block already this cold or colder keeps its format. REQUIRES: -1 or a
+  // palette index. Default: -1 (every block keeps its format).
+  int32_t host_tier_format = -1;
+
   // Where pages live. REQUIRES: one of the BackendKind values. Default: kCpu.
   BackendKind backend = BackendKind::kCpu;
 };

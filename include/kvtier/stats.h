@@ -38,6 +38,24 @@ struct HistogramStats {
   int64_t count = 0;
 };
 
+// The host tier below the device pools (Options::host_tier_bytes); all zero without one.
+struct HostTierStats {
+  int64_t budget_bytes = 0;
+  int64_t slabs_free = 0;        // per layer, not mapped into any host pool
+  int64_t blocks = 0;            // offloaded blocks held there now
+  int64_t bytes = 0;             // bytes of their pages, all layers
+  int64_t evictable_blocks = 0;  // offloaded blocks that can be dropped now (leaves)
+  // Counters since creation.
+  int64_t offloaded_blocks = 0;  // cached device blocks copied down instead of evicted
+  int64_t onloaded_blocks = 0;   // offloaded blocks brought back by a prefix hit
+  int64_t evicted_blocks = 0;    // offloaded blocks dropped to make room in the host tier
+  int64_t offload_failures = 0;  // blocks dropped from the device because no host room or copy
+  int64_t onload_failures = 0;   // prefix hits cut short at a host block (no device room, copy)
+  int64_t hit_tokens = 0;        // prefix_hit_tokens served from the host tier
+  int64_t bytes_offloaded = 0;   // device -> host bytes, all layers
+  int64_t bytes_onloaded = 0;    // host -> device bytes, all layers
+};
+
 struct CacheStats {
   int64_t budget_bytes = 0;
   int64_t slab_bytes = 0;             // per layer
@@ -63,7 +81,7 @@ struct CacheStats {
   int64_t prefix_hit_tokens = 0;      // of which found cached
   int64_t prefix_hit_blocks = 0;      // whole blocks found (TensorRT-LLM's reused blocks)
   int64_t prefix_missed_blocks = 0;   // whole prompt blocks not found
-  int64_t evicted_blocks = 0;         // cached blocks dropped to make room
+  int64_t evicted_blocks = 0;         // cached blocks dropped to make room (either tier)
   int64_t evictable_blocks = 0;       // cached blocks that can go now (leaves)
   int64_t indexed_blocks = 0;         // blocks in the prefix index (in use or cached)
   std::string policy;                 // name of the policy in force, empty for none
@@ -74,6 +92,7 @@ struct CacheStats {
   HistogramStats block_lifetime_seconds;  // allocation to free, for freed blocks
   HistogramStats block_idle_before_evict_seconds;  // cached (unreferenced) time of evicted blocks
   std::vector<MigrationStats> migrations;  // pairs with at least one block
+  HostTierStats host;
 };
 
 }  // namespace kvtier

@@ -112,8 +112,22 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) override {
-    const size_t bytes = pool.layout.page_bytes;
-    std::memcpy(pool.base + dst * bytes, pool.base + src * bytes, bytes);
+    return CopyPages(pool, pool, {&src, 1}, {&dst, 1});
+  }
+
+  // The host tier is a second budget of the same host memory.
+  absl::StatusOr<uint8_t*> ReserveHost(size_t bytes) override { return Reserve(bytes); }
+  void UnreserveHost(uint8_t* base, size_t bytes) override { Unreserve(base, bytes); }
+  absl::Status MapHost(uint8_t* addr, size_t bytes) override { return Map(addr, bytes); }
+  absl::Status UnmapHost(uint8_t* addr, size_t bytes) override { return Unmap(addr, bytes); }
+
+  absl::Status CopyPages(const PoolView& from, const PoolView& to,
+                         absl::Span<const uint32_t> src_pages,
+                         absl::Span<const uint32_t> dst_pages) override {
+    const size_t bytes = from.layout.page_bytes;
+    for (size_t i = 0; i < src_pages.size(); ++i) {
+      std::memcpy(to.base + dst_pages[i] * bytes, from.base + src_pages[i] * bytes, bytes);
+    }
     return absl::OkStatus();
   }
 

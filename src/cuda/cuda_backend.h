@@ -80,6 +80,14 @@ class CudaBackend final : public Backend {
                           absl::Span<const uint32_t> src_pages,
                           absl::Span<const uint32_t> dst_pages) override;
   absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) override;
+  // Host tier (cuda_host_tier.cc): pinned, device-mapped host memory; copies on the stream.
+  absl::StatusOr<uint8_t*> ReserveHost(size_t bytes) override;
+  void UnreserveHost(uint8_t* base, size_t bytes) override;
+  absl::Status MapHost(uint8_t* addr, size_t bytes) override;
+  absl::Status UnmapHost(uint8_t* addr, size_t bytes) override;
+  absl::Status CopyPages(const PoolView& from, const PoolView& to,
+                         absl::Span<const uint32_t> src_pages,
+                         absl::Span<const uint32_t> dst_pages) override;
   bool synchronous() const override { return false; }
   absl::StatusOr<uint64_t> RecordFence() override;
   bool FencePassed(uint64_t fence) override;

@@ -1,0 +1,220 @@
+// The host tier of BlockPool (block_pool.h, docs/tiers.md): offload of cached device leaves
+// instead of eviction, leaf-first dropping of offloaded blocks, and onload of the offloaded
+// blocks of a matched prefix. Copies go through the backend like every other page move: on an
+// asynchronous backend a page a copy reads is retired, and reused once the fence after the copy
+// has passed.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "src/block_pool.h"
+#include "src/status_macros.h"
+
+namespace kvtier {
+
+absl::Status BlockPool::CopyBetween(const PageStore& from, int from_format,
+                                    absl::Span<const uint32_t> src, const PageStore& to,
+                                    int to_format, absl::Span<const uint32_t> dst) {
+  const int layers = pages_->options().geometry.num_layers;
+  if (from_format == to_format) {
+    for (int l = 0; l < layers; ++l) {
+      KVTIER_RETURN_IF_ERROR(
+          backend_->CopyPages(from.View(from_format, l), to.View(to_format, l), src, dst));
+    }
+    return absl::OkStatus();
+  }
+  std::vector<PoolView> from_views, to_views;
+  for (int l = 0; l < layers; ++l) {
+    from_views.push_back(from.View(from_format, l));
+    to_views.push_back(to.View(to_format, l));
+  }
+  return backend_->Requantize(from_views, to_views, src, dst);
+}
+
+bool BlockPool::MakeHostRoom(int format) {
+  while (host_->SlabsNeeded(format, 1) > host_->AvailableSlabs(format)) {
+    const uint32_t victim = host_evictor_.PopVictim(metrics_->steps);
+    if (victim == Evictor::kNone) return false;
+    metrics_->host.evicted_blocks += 1;
+    Drop(victim);
+    if (!host_->ReclaimAll().ok()) return false;
+  }
+  return host_->MapSlabs(format, 1).ok();
+}
+
+bool BlockPool::Offload(uint32_t block) {
+  BlockMeta& m = blocks_[block];
+  // Demoted on the way down when the strictest sharer allows it.
+  const int wanted = pages_->options().host_tier_format;
+  const int format = wanted > m.format && wanted <= m.coldest_format ? wanted : m.format;
+  const bool room = MakeHostRoom(format);
+  // Dropping its offloaded descendants may have made the block a leaf again.
+  if (evictor_.Contains(block)) evictor_.Remove(block);
+  if (!room) {
+    metrics_->host.offload_failures += 1;
+    return false;
+  }
+  const uint32_t host_page = host_->Allocate(format, block);
+  const absl::Status copied =
+      CopyBetween(*pages_, m.format, {&m.page, 1}, *host_, format, {&host_page, 1});
+  if (!copied.ok()) {
+    host_->Retire(format, host_page);  // a copy may still be writing it
+    host_->RetireSynchronous();
+    metrics_->host.offload_failures += 1;
+    return false;
+  }
+  pages_->Retire(m.format, m.page);
+  cached_by_format_[m.format] -= 1;
+  m.format = static_cast<uint8_t>(format);
+  m.page = host_page;
+  if (m.parent != kNone) {
+    blocks_[m.parent].children -= 1;
+    blocks_[m.parent].offloaded_children += 1;
+    Relink(m.parent);
+  }
+  Cache(block, BlockState::kOffloaded);
+  metrics_->host.offloaded_blocks += 1;
+  metrics_->host.bytes_offloaded +=
+      int64_t{host_->layout(format).page_bytes} * pages_->options().geometry.num_layers;
+  return true;
+}
+
+size_t BlockPool::Acquire(absl::Span<const uint32_t> chain, int64_t* onloaded,
+                          uint64_t* ready_fence) {
+  *ready_fence = 0;
+  // Pin the whole chain first: making device room below may offload cached device blocks and
+  // drop host leaves, and must touch neither the blocks matched nor those to bring back.
+  std::vector<uint32_t> offloaded;
+  size_t first_offloaded = chain.size();
+  for (size_t i = 0; i < chain.size(); ++i) {
+    const uint32_t b = chain[i];
+    if (blocks_[b].state != BlockState::kOffloaded) {
+      Reference(b);
+      continue;
+    }
+    // A pinned offloaded block holds one reference, so that no tier's evictor takes it.
+    first_offloaded = std::min(first_offloaded, i);
+    offloaded.push_back(b);
+    blocks_[b].ref_count = 1;
+    if (host_evictor_.Contains(b)) host_evictor_.Remove(b);
+  }
+  if (offloaded.empty()) return chain.size();
+  if (!Onload(offloaded).ok()) {
+    metrics_->host.onload_failures += 1;
+    for (size_t i = first_offloaded; i < chain.size(); ++i) Unpin(chain[i]);
+    return first_offloaded;
+  }
+  *onloaded += static_cast<int64_t>(offloaded.size());
+  if (!backend_->synchronous()) {
+    const absl::StatusOr<uint64_t> fence = backend_->RecordFence();
+    // Without a fence the copies are still ordered before later work on the backend's stream;
+    // a caller that cannot get one waits for everything at the next EndStep.
+    *ready_fence = fence.ok() ? *fence : 0;
+  }
+  return chain.size();
+}
+
+absl::Status BlockPool::Onload(absl::Span<const uint32_t> blocks) {
+  std::vector<uint32_t> sorted(blocks.begin(), blocks.end());
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [&](uint32_t a, uint32_t b) { return blocks_[a].format < blocks_[b].format; });
+  auto end_of_format = [&](size_t start) {
+    size_t end = start;
+    while (end < sorted.size() && blocks_[sorted[end]].format == blocks_[sorted[start]].format) ++end;
+    return end;
+  };
+  // Device pages for every block before any copy, so that no room means nothing to undo but
+  // untouched pages. A format's pages are taken before the next format makes room, so that its
+  // new slabs are not taken back as empty.
+  std::vector<uint32_t> src, dst;
+  for (size_t start = 0, end; start < sorted.size(); start = end) {
+    end = end_of_format(start);
+    const int f = blocks_[sorted[start]].format;
+    const absl::Status room = EnsureFreePages(f, static_cast<uint32_t>(end - start));
+    if (!room.ok()) {
+      for (size_t i = 0; i < dst.size(); ++i) pages_->FreeNow(blocks_[sorted[i]].format, dst[i]);
+      return room;
+    }
+    for (size_t i = start; i < end; ++i) {
+      src.push_back(blocks_[sorted[i]].page);
+      dst.push_back(pages_->Allocate(f, sorted[i]));
+    }
+  }
+  // One batch of copies per format and layer.
+  for (size_t start = 0, end; start < sorted.size(); start = end) {
+    end = end_of_format(start);
+    const int f = blocks_[sorted[start]].format;
+    const absl::Status copied =
+        CopyBetween(*host_, f, absl::MakeConstSpan(src).subspan(start, end - start), *pages_, f,
+                    absl::MakeConstSpan(dst).subspan(start, end - start));
+    if (!copied.ok()) {
+      for (size_t i = 0; i < dst.size(); ++i) pages_->Retire(blocks_[sorted[i]].format, dst[i]);
+      pages_->RetireSynchronous();
+      return copied;
+    }
+  }
+  // Each block's parent is the block before it in the chain, pinned too: no evictor changes.
+  const int layers = pages_->options().geometry.num_layers;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    BlockMeta& m = blocks_[sorted[i]];
+    host_->Retire(m.format, m.page);
+    m.page = dst[i];
+    m.state = BlockState::kInUse;  // the pin's reference is the sequence's
+    if (m.parent != kNone) {
+      blocks_[m.parent].offloaded_children -= 1;
+      blocks_[m.parent].children += 1;
+    }
+    metrics_->host.onloaded_blocks += 1;
+    metrics_->host.bytes_onloaded += int64_t{pages_->layout(m.format).page_bytes} * layers;
+  }
+  host_->RetireSynchronous();
+  return absl::OkStatus();
+}
+
+void BlockPool::DropOffloadedDescendants(uint32_t block) {
+  // A rare path (a failing copy), so a scan: leaves first, until none is left. Offloaded blocks
+  // have only offloaded children, and none is pinned (a pinned block's ancestors are in use).
+  auto descends = [&](uint32_t b) {
+    for (uint32_t p = blocks_[b].parent; p != kNone; p = blocks_[p].parent) {
+      if (p == block) return true;
+    }
+    return false;
+  };
+  bool dropped = true;
+  while (blocks_[block].offloaded_children > 0 && dropped) {
+    dropped = false;
+    for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
+      const BlockMeta& m = blocks_[b];
+      if (m.state == BlockState::kOffloaded && m.ref_count == 0 && m.offloaded_children == 0 &&
+          descends(b)) {
+        metrics_->host.evicted_blocks += 1;
+        Drop(b);
+        dropped = true;
+      }
+    }
+  }
+}
+
+absl::Status BlockPool::EndStep() { return host_ != nullptr ? host_->EndStep() : absl::OkStatus(); }
+
+absl::Status BlockPool::SetTensorScales(int layer, float k_amax, float v_amax) {
+  if (host_ != nullptr) KVTIER_RETURN_IF_ERROR(host_->CheckTensorScalesFree());
+  KVTIER_RETURN_IF_ERROR(pages_->SetTensorScales(layer, k_amax, v_amax));
+  return host_ != nullptr ? host_->SetTensorScales(layer, k_amax, v_amax) : absl::OkStatus();
+}
+
+void BlockPool::FillHost(CacheStats* s) const {
+  const int layers = pages_->options().geometry.num_layers;
+  HostTierStats& h = s->host;
+  h.budget_bytes = static_cast<int64_t>(pages_->options().host_tier_bytes);
+  h.slabs_free = host_->free_slabs();
+  h.evictable_blocks = host_evictor_.size();
+  for (uint32_t i = 0; i < blocks_.capacity(); ++i) {
+    const BlockMeta& b = blocks_[i];
+    if (b.state != BlockState::kOffloaded) continue;
+    h.blocks += 1;
+    h.bytes += int64_t{host_->layout(b.format).page_bytes} * layers;
+  }
+}
+
+}  // namespace kvtier
