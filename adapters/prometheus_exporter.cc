@@ -58,6 +58,35 @@ class Builder {
   std::deque<MetricFamily> families_;  // a deque: references from Family() stay valid
 };
 
+// The device and host tiers (docs/tiers.md); the host rows are zero without a host tier.
+void AddTiers(Builder& b, const CacheStats& s) {
+  int64_t device_blocks = 0;
+  for (const FormatStats& f : s.formats) device_blocks += f.blocks_in_use + f.blocks_cached;
+  const HostTierStats& h = s.host;
+  MetricFamily& blocks = b.Family("kvtier_tier_blocks", "Blocks held by each tier (device: in use and cached; host: offloaded).", MetricType::Gauge);
+  Builder::Add(blocks, {{"tier", "device"}}, static_cast<double>(device_blocks));
+  Builder::Add(blocks, {{"tier", "host"}}, static_cast<double>(h.blocks));
+  MetricFamily& bytes = b.Family("kvtier_tier_bytes", "Bytes of the pages of the blocks each tier holds, all layers.", MetricType::Gauge);
+  Builder::Add(bytes, {{"tier", "device"}}, static_cast<double>(s.used_bytes + s.cached_bytes));
+  Builder::Add(bytes, {{"tier", "host"}}, static_cast<double>(h.bytes));
+  MetricFamily& capacity = b.Family("kvtier_tier_capacity_bytes", "The budget of each tier in bytes.", MetricType::Gauge);
+  Builder::Add(capacity, {{"tier", "device"}}, static_cast<double>(s.budget_bytes));
+  Builder::Add(capacity, {{"tier", "host"}}, static_cast<double>(h.budget_bytes));
+  MetricFamily& hits = b.Family("kvtier_tier_hit_tokens_total", "Prompt tokens found in the prefix cache, by the tier that held them.", MetricType::Counter);
+  Builder::Add(hits, {{"tier", "device"}}, static_cast<double>(s.prefix_hit_tokens - h.hit_tokens));
+  Builder::Add(hits, {{"tier", "host"}}, static_cast<double>(h.hit_tokens));
+  MetricFamily& moved = b.Family("kvtier_tier_moved_blocks_total", "Blocks copied between the tiers.", MetricType::Counter);
+  Builder::Add(moved, {{"direction", "offload"}}, static_cast<double>(h.offloaded_blocks));
+  Builder::Add(moved, {{"direction", "onload"}}, static_cast<double>(h.onloaded_blocks));
+  MetricFamily& moved_bytes = b.Family("kvtier_tier_moved_bytes_total", "Bytes copied between the tiers, all layers.", MetricType::Counter);
+  Builder::Add(moved_bytes, {{"direction", "offload"}}, static_cast<double>(h.bytes_offloaded));
+  Builder::Add(moved_bytes, {{"direction", "onload"}}, static_cast<double>(h.bytes_onloaded));
+  MetricFamily& failed = b.Family("kvtier_tier_move_failures_total", "Offloads that dropped the block instead, and prefix hits cut at a host block.", MetricType::Counter);
+  Builder::Add(failed, {{"direction", "offload"}}, static_cast<double>(h.offload_failures));
+  Builder::Add(failed, {{"direction", "onload"}}, static_cast<double>(h.onload_failures));
+  b.Counter("kvtier_host_evicted_blocks_total", "Offloaded blocks dropped to make room in the host tier (part of kvtier_evicted_blocks_total).", static_cast<double>(h.evicted_blocks));
+}
+
 }  // namespace
 
 std::vector<MetricFamily> MetricFamilies(const Options& options, const CacheStats& s) {
@@ -86,6 +115,7 @@ std::vector<MetricFamily> MetricFamilies(const Options& options, const CacheStat
   b.Counter("kvtier_prefix_missed_blocks_total", "Whole prompt blocks not found.", static_cast<double>(s.prefix_missed_blocks));
   MetricFamily& evicted = b.Family("kvtier_evicted_blocks_total", "Cached blocks dropped from the prefix cache.", MetricType::Counter);
   Builder::Add(evicted, {{"reason", "capacity"}}, static_cast<double>(s.evicted_blocks));
+  AddTiers(b, s);
   MetricFamily& migrated = b.Family("kvtier_migrated_blocks_total", "Blocks demoted from one format to another.", MetricType::Counter);
   MetricFamily& migrated_bytes = b.Family("kvtier_migrated_bytes_total", "Bytes read plus written by demotions.", MetricType::Counter);
   for (const MigrationStats& m : s.migrations) {

@@ -69,6 +69,7 @@ if(KVTIER_BUILD_TESTS)
     tests/gpu/cuda_parity_test.cc
     tests/gpu/cuda_stress_test.cc
     tests/gpu/decode_attention_test.cc
+    tests/gpu/host_tier_gpu_test.cc
   )
   kvtier_cuda_target(kvtier_gpu_tests)
   target_include_directories(kvtier_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR})
@@ -83,4 +84,8 @@ if(KVTIER_BUILD_TESTS)
   set_target_properties(kvtier_gpu_bench PROPERTIES LINKER_LANGUAGE CXX)
   target_include_directories(kvtier_gpu_bench PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(kvtier_gpu_bench PRIVATE kvtier CUDA::cudart_static)
+
+  # Host-tier offload and onload bandwidth against the pinned copy roof (docs/tiers.md).
+  add_executable(kvtier_tier_bench tests/bench/tier_bench.cc)
+  target_link_libraries(kvtier_tier_bench PRIVATE kvtier CUDA::cudart_static)
 endif()

@@ -13,7 +13,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_CUDA=ON
   -DKVTIER_BUILD_TESTS=ON -DKVTIER_BUILD_BENCHMARKS=OFF -DKVTIER_BUILD_TOOLS=OFF \
   -DKVTIER_WITH_PROMETHEUS=OFF -DKVTIER_BUILD_PYTHON=OFF >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; exit 1; }
-cmake --build "$build" -j "${JOBS:-2}" --target kvtier_gpu_tests kvtier_gpu_bench
+cmake --build "$build" -j "${JOBS:-2}" --target kvtier_gpu_tests kvtier_gpu_bench kvtier_tier_bench
 shared=build-pyshared
 mkdir -p "$shared"
 cmake -S . -B "$shared" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_CUDA=ON \
@@ -24,12 +24,12 @@ cmake --build "$shared" -j "${JOBS:-2}" --target kvtier
 
 rm -rf bundle
 mkdir -p bundle/lib bundle/include
-cp "$build/kvtier_gpu_tests" "$build/kvtier_gpu_bench" bundle/
-strip bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench
+cp "$build/kvtier_gpu_tests" "$build/kvtier_gpu_bench" "$build/kvtier_tier_bench" bundle/
+strip bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench bundle/kvtier_tier_bench
 cp -L "$shared"/libkvtier.so.0 bundle/lib/ && ln -s libkvtier.so.0 bundle/lib/libkvtier.so
 cp -r /usr/include/absl bundle/include/
 # Everything ldd resolves except the C and C++ runtimes, which the target system has (newer).
-for bin in bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench bundle/lib/libkvtier.so.0; do
+for bin in bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench bundle/kvtier_tier_bench bundle/lib/libkvtier.so.0; do
   ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU bundle made by scripts/gpu_bundle.sh on a GPU machine, in one go:
 #   1. all GPU tests, then parity and stress tests with the other migration kernel occupancies;
-#   2. the benchmarks (JSON);
+#   2. the benchmarks (JSON), the host-tier bandwidth (tier_bench.json) among them;
 #   3. the GPU tests under compute-sanitizer --tool memcheck, then --tool racecheck (fewer
 #      steps, KVTIER_GPU_TEST_SCALE; the fast-codec self-check, already run in 1, is skipped).
 # Writes logs and JSON under $OUT (default ./gpu-out) and prints a summary last.
@@ -37,6 +37,8 @@ for blocks in 2 4; do
 done
 step bench 60 bundle/kvtier_gpu_bench "$out/bench.json"
 cat "$out/bench.log" >>"$summary"
+step tier_bench 30 bundle/kvtier_tier_bench "$out/tier_bench.json"
+cat "$out/tier_bench.json" >>"$summary"
 export KVTIER_CUDA_FAST_CODEC=on KVTIER_GPU_TEST_SCALE=${KVTIER_GPU_TEST_SCALE:-0.2}
 # The two largest decode tests add minutes under the sanitizers without new paths
 # (EveryFormatMixGroupAndRaggedLength covers the staging ring, the splits and the merge).

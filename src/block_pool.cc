@@ -149,10 +149,10 @@ void BlockPool::Unreferenced(uint32_t block, int priority, int64_t expires_at) {
   m.idle_since_ms = metrics_->NowMs();
   m.priority = static_cast<uint8_t>(priority);
   m.expires_at = expires_at;
-  Cache(block, BlockState::kCached);
+  MakeCached(block, BlockState::kCached);
 }
 
-void BlockPool::Cache(uint32_t block, BlockState state) {
+void BlockPool::MakeCached(uint32_t block, BlockState state) {
   BlockMeta& m = blocks_[block];
   m.state = state;
   if (state == BlockState::kCached) {
@@ -177,9 +177,9 @@ void BlockPool::Unpin(uint32_t block) {
   BlockMeta& m = blocks_[block];
   if (m.state == BlockState::kOffloaded) {
     m.ref_count = 0;
-    Cache(block, BlockState::kOffloaded);
+    MakeCached(block, BlockState::kOffloaded);
   } else if (--m.ref_count == 0) {
-    Cache(block, BlockState::kCached);
+    MakeCached(block, BlockState::kCached);
   }
 }
 

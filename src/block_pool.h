@@ -104,7 +104,7 @@ class BlockPool {
   void Unpin(uint32_t block);
   // Makes an unreferenced indexed block cached (or offloaded when `state` says so) and
   // evictable in its tier when it is a leaf there.
-  void Cache(uint32_t block, BlockState state);
+  void MakeCached(uint32_t block, BlockState state);
   // Removes an unreferenced block from the index and frees it (either tier).
   void Drop(uint32_t block);
   // Puts `block` into the evictor of its tier when its counts just made it a leaf there.

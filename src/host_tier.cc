@@ -72,7 +72,7 @@ bool BlockPool::Offload(uint32_t block) {
     blocks_[m.parent].offloaded_children += 1;
     Relink(m.parent);
   }
-  Cache(block, BlockState::kOffloaded);
+  MakeCached(block, BlockState::kOffloaded);
   metrics_->host.offloaded_blocks += 1;
   metrics_->host.bytes_offloaded +=
       int64_t{host_->layout(format).page_bytes} * pages_->options().geometry.num_layers;
@@ -119,8 +119,9 @@ absl::Status BlockPool::Onload(absl::Span<const uint32_t> blocks) {
   std::stable_sort(sorted.begin(), sorted.end(),
                    [&](uint32_t a, uint32_t b) { return blocks_[a].format < blocks_[b].format; });
   auto end_of_format = [&](size_t start) {
+    const uint8_t format = blocks_[sorted[start]].format;
     size_t end = start;
-    while (end < sorted.size() && blocks_[sorted[end]].format == blocks_[sorted[start]].format) ++end;
+    while (end < sorted.size() && blocks_[sorted[end]].format == format) ++end;
     return end;
   };
   // Device pages for every block before any copy, so that no room means nothing to undo but

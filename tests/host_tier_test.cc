@@ -1,7 +1,6 @@
 // The host tier (Options::host_tier_bytes) on the CPU backend: offload instead of eviction,
 // onload on a prefix hit, leaf-first dropping in the host tier, forks over blocks of both tiers,
 // demotion on the way down, and every failure path with state unchanged.
-#include <numeric>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -12,6 +11,8 @@
 
 namespace kvtier {
 namespace {
+
+using ::kvtier::testing::Tokens;
 
 // 2 layers of 8 heads x 128 dims, 16-token blocks: 64 KiB FP16 pages, 32 to a 2 MiB slab. The
 // device and the host tier each hold one slab per layer: 32 blocks.
@@ -25,12 +26,6 @@ Options TierOptions() {
 
 constexpr int kBlock = 16;
 constexpr int kDeviceBlocks = 32;
-
-std::vector<int32_t> Tokens(int n, int32_t first) {
-  std::vector<int32_t> t(n);
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
 
 // The value every element of token `t` (its id) of `layer` holds: exact in FP16 and BF16.
 uint16_t ValueOf(int32_t token, int layer) {

@@ -12,12 +12,7 @@ namespace {
 using ::kvtier::testing::ExpectSameState;
 using ::kvtier::testing::MustCreate;
 using ::kvtier::testing::SmallOptions;
-
-std::vector<int32_t> Tokens(int n, int32_t first) {
-  std::vector<int32_t> t(n);
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
+using ::kvtier::testing::Tokens;
 
 class PrefixCacheTest : public ::testing::Test {
  protected:

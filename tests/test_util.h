@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -41,6 +42,13 @@ inline std::unique_ptr<Cache> MustCreate(const Options& o) {
   absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
   EXPECT_TRUE(cache.ok()) << cache.status();
   return cache.ok() ? std::move(*cache) : nullptr;
+}
+
+// Token ids first, first + 1, ..., n of them.
+inline std::vector<int32_t> Tokens(int n, int32_t first) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
 }
 
 // Random FP16 bit patterns of finite, non-zero values in about [-8, 8].

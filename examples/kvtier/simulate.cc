@@ -130,11 +130,13 @@ std::string Json(const RunResult& run, const RunResult& fp16, double gain, const
 void Usage(FILE* out) {
   std::fprintf(out,
                "usage: kvtier simulate [--policy NAME|FILE] [--steps N] [--budget-mib N] [--seed N]\n"
-               "                       [--arrivals-per-step X] [--json PATH] [--plot PATH.svg]\n"
+               "                       [--host-tier-mib N] [--arrivals-per-step X] [--json PATH] [--plot PATH.svg]\n"
                "                       [--metrics-port PORT [--linger SECONDS]] [--no-progress]\n"
                "  --policy        a preset (fp16, fp8, balanced, max_capacity) or a JSON file. Default: balanced\n"
                "  --steps         decode steps to simulate. Default: 1000\n"
                "  --budget-mib    memory budget of the cache, MiB. Default: 512\n"
+               "  --host-tier-mib also run the policy with a host tier of N MiB below the same budget and\n"
+               "                  add its column (docs/tiers.md). Default: 0 (no such run)\n"
                "  --metrics-port  serve the policy run's cache at http://127.0.0.1:PORT/metrics\n"
                "  --linger        keep serving that many seconds after the run\n");
 }
@@ -168,6 +170,9 @@ std::optional<int> ParseFlags(int argc, char** argv, SimOptions* options) {
       ok = value(&v) && absl::SimpleAtoi(v, &r.steps) && r.steps >= 10 && r.steps <= 10000000;
     } else if (flag == "--budget-mib") {
       ok = value(&v) && absl::SimpleAtoi(v, &r.budget_mib) && r.budget_mib >= 16 && r.budget_mib <= (1 << 20);
+    } else if (flag == "--host-tier-mib") {
+      ok = value(&v) && absl::SimpleAtoi(v, &r.host_tier_mib) && r.host_tier_mib >= 4 &&
+           r.host_tier_mib <= (1 << 20);
     } else if (flag == "--seed") {
       ok = value(&v) && absl::SimpleAtoi(v, &r.workload.seed);
     } else if (flag == "--arrivals-per-step") {
@@ -221,6 +226,26 @@ void PrintReport(const RunResult& run, const RunResult& fp16, double gain) {
   std::printf("\ncapacity gain vs all-FP16 at the same budget: %.2fx\n", gain);
 }
 
+// The policy run against the same policy with a host tier of `host_mib` below the same budget.
+void PrintHostTierReport(const RunResult& run, const RunResult& host, int64_t host_mib) {
+  const CacheStats& s = run.final_stats;
+  const CacheStats& h = host.final_stats;
+  std::printf("\n| metric | %s | %s + %lld MiB host tier |\n| --- | --- | --- |\n", run.policy.c_str(),
+              run.policy.c_str(), static_cast<long long>(host_mib));
+  std::printf("| prefix hit ratio (tokens) | %.3f | %.3f |\n", PrefixHitRatio(s), PrefixHitRatio(h));
+  std::printf("| hit tokens from the host tier | 0 | %lld |\n", static_cast<long long>(h.host.hit_tokens));
+  std::printf("| completed requests | %lld | %lld |\n", static_cast<long long>(run.completed),
+              static_cast<long long>(host.completed));
+  std::printf("| concurrent sequences (mean, second half) | %.1f | %.1f |\n", run.mean_running, host.mean_running);
+  std::printf("| evicted cached blocks | %lld | %lld |\n", static_cast<long long>(s.evicted_blocks),
+              static_cast<long long>(h.evicted_blocks));
+  std::printf("| offloaded / onloaded blocks | 0 / 0 | %lld / %lld |\n",
+              static_cast<long long>(h.host.offloaded_blocks), static_cast<long long>(h.host.onloaded_blocks));
+  std::printf("| MiB moved down / up | 0 / 0 | %.1f / %.1f |\n", h.host.bytes_offloaded / 1048576.0,
+              h.host.bytes_onloaded / 1048576.0);
+  std::printf("| wall time | %.1f s | %.1f s |\n", run.seconds, host.seconds);
+}
+
 // The plot and the JSON the options ask for; the exit code (1 when one cannot be written).
 int WriteFiles(const SimOptions& o, const RunResult& run, const RunResult& fp16, double gain) {
   if (!o.plot_path.empty()) {
@@ -266,15 +291,25 @@ int RunSimulate(int argc, char** argv) {
   std::printf("kvtier simulate: policy '%s', %lld steps, %lld MiB budget, seed %u (CPU backend)\n",
               policy->name.c_str(), static_cast<long long>(o.replay.steps),
               static_cast<long long>(o.replay.budget_mib), o.replay.workload.seed);
-  absl::StatusOr<RunResult> run = ReplayWorkload(*policy, o.replay, exposer.get());
+  ReplayOptions device_only = o.replay;  // the host tier has its own run
+  device_only.host_tier_mib = 0;
+  absl::StatusOr<RunResult> run = ReplayWorkload(*policy, device_only, exposer.get());
   absl::StatusOr<RunResult> fp16 =
-      run.ok() ? ReplayWorkload(*PolicyPreset("fp16"), o.replay, nullptr) : run.status();
+      run.ok() ? ReplayWorkload(*PolicyPreset("fp16"), device_only, nullptr) : run.status();
   if (!run.ok() || !fp16.ok()) {
     std::fprintf(stderr, "kvtier simulate: %s\n", (run.ok() ? fp16 : run).status().ToString().c_str());
     return 1;
   }
   const double gain = fp16->mean_running > 0 ? run->mean_running / fp16->mean_running : 0;
   PrintReport(*run, *fp16, gain);
+  if (o.replay.host_tier_mib > 0) {
+    absl::StatusOr<RunResult> host = ReplayWorkload(*policy, o.replay, nullptr);
+    if (!host.ok()) {
+      std::fprintf(stderr, "kvtier simulate: %s\n", host.status().ToString().c_str());
+      return 1;
+    }
+    PrintHostTierReport(*run, *host, o.replay.host_tier_mib);
+  }
   if (int code = WriteFiles(o, *run, *fp16, gain); code != 0) return code;
   if (exposer != nullptr && o.linger_seconds > 0) {
     std::fflush(stdout);

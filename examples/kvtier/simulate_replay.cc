@@ -185,6 +185,7 @@ absl::StatusOr<RunResult> ReplayWorkload(const Policy& policy, const ReplayOptio
   Options options;
   options.geometry = Geometry{/*num_layers=*/2, /*num_kv_heads=*/2, /*head_dim=*/128, /*block_tokens=*/16};
   options.memory_budget_bytes = static_cast<size_t>(o.budget_mib) << 20;
+  options.host_tier_bytes = static_cast<size_t>(o.host_tier_mib) << 20;
   options.palette = PolicyPalette(policy);
   RunResult result;
   KVTIER_ASSIGN_OR_RETURN(result.cache, Cache::Create(options));

@@ -22,6 +22,7 @@ namespace kvtier::tool {
 struct ReplayOptions {
   int64_t steps = 1000;
   int64_t budget_mib = 512;
+  int64_t host_tier_mib = 0;     // Options::host_tier_bytes in MiB; 0: no host tier
   int64_t prefill_chunk = 2048;  // prompt tokens a sequence computes per step
   double admit_below = 0.95;     // admit new requests while usage is below this fraction
   WorkloadOptions workload;

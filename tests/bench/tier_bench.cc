@@ -1,0 +1,157 @@
+// Host-tier bandwidth on the GPU (docs/tiers.md): offload (device -> pinned host, as eviction
+// makes room) and onload (a prefix hit brings blocks back, until AddResult::ready_fence passes)
+// of 256 blocks of a 32-layer, 8-head, 128-dim model, for FP16, FP8 and NVFP4 blocks, against
+// the measured pinned host <-> device copy roof. Writes JSON.
+// Usage: kvtier_tier_bench OUT.json
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kvtier/cache.h"
+#include "kvtier/format.h"
+
+namespace kvtier {
+namespace {
+
+constexpr int kBlocks = 256;
+constexpr int kBlockTokens = 16;
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+// Median GB/s of `runs` pinned copies of `bytes` in `kind`.
+double RoofGbs(size_t bytes, cudaMemcpyKind kind) {
+  void *host = nullptr, *device = nullptr;
+  if (cudaMallocHost(&host, bytes) != cudaSuccess || cudaMalloc(&device, bytes) != cudaSuccess) return 0;
+  std::vector<double> gbs;
+  for (int i = 0; i < 12; ++i) {
+    const auto t = std::chrono::steady_clock::now();
+    if (kind == cudaMemcpyHostToDevice) {
+      cudaMemcpyAsync(device, host, bytes, kind, nullptr);
+    } else {
+      cudaMemcpyAsync(host, device, bytes, kind, nullptr);
+    }
+    cudaStreamSynchronize(nullptr);
+    if (i >= 2) gbs.push_back(bytes / Seconds(t) / 1e9);
+  }
+  cudaFreeHost(host);
+  cudaFree(device);
+  std::sort(gbs.begin(), gbs.end());
+  return gbs[gbs.size() / 2];
+}
+
+struct TierResult {
+  std::string format;
+  double offload_gbs = 0, onload_gbs = 0;
+  double offload_tokens_per_s = 0, onload_tokens_per_s = 0;
+  int64_t block_bytes = 0;  // all layers
+};
+
+// A private sequence (no token ids: never cached) of `pages` hot pages.
+SequenceId Private(Cache& cache, int64_t pages) {
+  const SequenceId id = cache.AddSequence().value();
+  std::vector<int64_t> slots;
+  if (pages > 0) cache.AppendBatch({id}, {pages * kBlockTokens}, {}, &slots).IgnoreError();
+  return id;
+}
+
+TierResult Measure(const Options& base, int format) {
+  TierResult r;
+  r.format = FormatName(base.palette[format]);
+  std::unique_ptr<Cache> cache = Cache::Create(base).value();
+  // P: kBlocks cached blocks of `format` (the bytes they hold do not change the copy).
+  std::vector<int32_t> prompt(kBlocks * kBlockTokens + 1);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  const SequenceId p = cache->AddSequence().value();
+  std::vector<int64_t> slots;
+  cache->AppendTokens(p, prompt, &slots).IgnoreError();
+  std::vector<BlockId> blocks = cache->SequenceBlocks(p).value();
+  blocks.pop_back();
+  if (format > 0) cache->Demote(blocks, format).IgnoreError();
+  cache->Release(p).IgnoreError();
+  cache->EndStep().IgnoreError();
+  // F1 takes every free page; F2 needs the slabs P holds, so all of P goes down.
+  CacheStats s = cache->GetStats();
+  const int64_t per_slab = s.slab_bytes / s.formats[0].page_bytes;
+  const int64_t free_pages = s.slabs_free * per_slab + s.formats[0].pages_mapped - s.formats[0].pages_used;
+  const SequenceId f1 = Private(*cache, free_pages);
+  cache->EndStep().IgnoreError();
+  s = cache->GetStats();
+  const int64_t p_slabs = s.formats[format].slabs_mapped;
+  cudaDeviceSynchronize();
+  auto t = std::chrono::steady_clock::now();
+  const SequenceId f2 = Private(*cache, p_slabs * per_slab);
+  cudaDeviceSynchronize();
+  const double offload_s = Seconds(t);
+  const CacheStats after_offload = cache->GetStats();
+  r.block_bytes = after_offload.host.bytes_offloaded / std::max<int64_t>(1, after_offload.host.offloaded_blocks);
+  r.offload_gbs = after_offload.host.bytes_offloaded / offload_s / 1e9;
+  r.offload_tokens_per_s = after_offload.host.offloaded_blocks * kBlockTokens / offload_s;
+  cache->Release(f2).IgnoreError();
+  cache->EndStep().IgnoreError();
+  cudaDeviceSynchronize();
+  SequenceOptions options;
+  options.prompt = prompt;
+  t = std::chrono::steady_clock::now();
+  const AddResult hit = cache->AddSequence(options).value();
+  while (!cache->FencePassed(hit.ready_fence).value()) {
+  }
+  const double onload_s = Seconds(t);
+  const CacheStats after_onload = cache->GetStats();
+  r.onload_gbs = after_onload.host.bytes_onloaded / onload_s / 1e9;
+  r.onload_tokens_per_s = hit.host_tokens / onload_s;
+  std::fprintf(stderr, "%s: offloaded %lld blocks in %.2f ms, onloaded %lld tokens in %.2f ms\n",
+               r.format.c_str(), static_cast<long long>(after_offload.host.offloaded_blocks),
+               offload_s * 1e3, static_cast<long long>(hit.host_tokens), onload_s * 1e3);
+  cache->Release(hit.id).IgnoreError();
+  cache->Release(f1).IgnoreError();
+  return r;
+}
+
+int Main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s OUT.json\n", argv[0]);
+    return 2;
+  }
+  Options o;
+  o.geometry = Geometry{32, 8, 128, kBlockTokens};  // 2 MiB per FP16 block, all layers
+  o.palette = {ParseFormat("fp16").value(), ParseFormat("fp8_e4m3/block_head").value(),
+               ParseFormat("k:nvfp4_channel/block_head,v:nvfp4/block_head").value()};
+  o.memory_budget_bytes = size_t{2} << 30;
+  o.host_tier_bytes = size_t{1} << 30;
+  o.backend = BackendKind::kCuda;
+  const double h2d = RoofGbs(size_t{512} << 20, cudaMemcpyHostToDevice);
+  const double d2h = RoofGbs(size_t{512} << 20, cudaMemcpyDeviceToHost);
+  std::vector<TierResult> results;
+  for (int f = 0; f < 3; ++f) results.push_back(Measure(o, f));
+  FILE* out = std::fopen(argv[1], "w");
+  if (out == nullptr) return 1;
+  std::fprintf(out, "{\n  \"pinned_roof_gb_per_s\": {\"h2d\": %.2f, \"d2h\": %.2f},\n  \"blocks\": %d,\n  \"tiers\": [",
+               h2d, d2h, kBlocks);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const TierResult& r = results[i];
+    std::fprintf(out,
+                 "%s\n    {\"format\": \"%s\", \"block_bytes\": %lld, \"offload_gb_per_s\": %.2f, "
+                 "\"offload_pct_of_roof\": %.1f, \"onload_gb_per_s\": %.2f, \"onload_pct_of_roof\": %.1f, "
+                 "\"offload_tokens_per_s\": %.0f, \"onload_tokens_per_s\": %.0f, "
+                 "\"onload_tokens_per_s_vs_fp16\": %.2f}",
+                 i ? "," : "", r.format.c_str(), static_cast<long long>(r.block_bytes), r.offload_gbs,
+                 100 * r.offload_gbs / d2h, r.onload_gbs, 100 * r.onload_gbs / h2d,
+                 r.offload_tokens_per_s, r.onload_tokens_per_s,
+                 r.onload_tokens_per_s / results[0].onload_tokens_per_s);
+  }
+  std::fprintf(out, "\n  ]\n}\n");
+  std::fclose(out);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier
+
+int main(int argc, char** argv) { return kvtier::Main(argc, argv); }
