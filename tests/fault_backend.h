@@ -24,6 +24,7 @@ struct Faults {
   bool fail_read_page = false;
   bool fail_requantize = false;
   bool fail_copy_page = false;
+  bool fail_copy_pages = false;  // copies between the tiers
   bool fail_record_fence = false;
   // Report an asynchronous backend, whose fences pass only when `fences_pass` is set.
   bool asynchronous = false;
@@ -69,6 +70,18 @@ class FaultBackend final : public Backend {
   absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) override {
     if (faults_->fail_copy_page) return Injected("CopyPage");
     return cpu_->CopyPage(pool, src, dst);
+  }
+  absl::StatusOr<uint8_t*> ReserveHost(size_t bytes) override { return cpu_->ReserveHost(bytes); }
+  void UnreserveHost(uint8_t* base, size_t bytes) override { cpu_->UnreserveHost(base, bytes); }
+  absl::Status MapHost(uint8_t* addr, size_t bytes) override { return cpu_->MapHost(addr, bytes); }
+  absl::Status UnmapHost(uint8_t* addr, size_t bytes) override {
+    return cpu_->UnmapHost(addr, bytes);
+  }
+  absl::Status CopyPages(const PoolView& from, const PoolView& to,
+                         absl::Span<const uint32_t> src_pages,
+                         absl::Span<const uint32_t> dst_pages) override {
+    if (faults_->fail_copy_pages) return Injected("CopyPages");
+    return cpu_->CopyPages(from, to, src_pages, dst_pages);
   }
   bool synchronous() const override { return !faults_->asynchronous; }
   absl::StatusOr<uint64_t> RecordFence() override {

@@ -6,7 +6,7 @@
 #include "gtest/gtest.h"
 #include "kvtier/cache.h"
 #include "src/backend.h"
-#include "src/cache_impl.h"
+#include "tests/fault_backend.h"
 #include "tests/test_util.h"
 
 namespace kvtier {
@@ -32,46 +32,6 @@ uint16_t ValueOf(int32_t token, int layer) {
   return codec::FloatToHalf(static_cast<float>((token * 7 + layer * 3) % 61 - 30) / 4.f);
 }
 
-// A backend that forwards to the CPU backend and fails CopyPages on demand.
-class FlakyBackend final : public Backend {
- public:
-  explicit FlakyBackend(bool* fail) : cpu_(MakeCpuBackend()), fail_(fail) {}
-  absl::StatusOr<uint8_t*> Reserve(size_t b) override { return cpu_->Reserve(b); }
-  void Unreserve(uint8_t* p, size_t b) override { cpu_->Unreserve(p, b); }
-  absl::Status Map(uint8_t* p, size_t b) override { return cpu_->Map(p, b); }
-  absl::Status Unmap(uint8_t* p, size_t b) override { return cpu_->Unmap(p, b); }
-  absl::Status WriteRows(const PoolView& pool, absl::Span<const int64_t> slots, const KVInput& kv,
-                         int64_t* nonfinite) override {
-    return cpu_->WriteRows(pool, slots, kv, nonfinite);
-  }
-  absl::Status ReadPage(const PoolView& pool, uint32_t page, int n, float* k, float* v) override {
-    return cpu_->ReadPage(pool, page, n, k, v);
-  }
-  absl::Status Requantize(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
-                          absl::Span<const uint32_t> src, absl::Span<const uint32_t> dst) override {
-    return cpu_->Requantize(from, to, src, dst);
-  }
-  absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) override {
-    return cpu_->CopyPage(pool, src, dst);
-  }
-  absl::StatusOr<uint8_t*> ReserveHost(size_t b) override { return cpu_->ReserveHost(b); }
-  void UnreserveHost(uint8_t* p, size_t b) override { cpu_->UnreserveHost(p, b); }
-  absl::Status MapHost(uint8_t* p, size_t b) override { return cpu_->MapHost(p, b); }
-  absl::Status UnmapHost(uint8_t* p, size_t b) override { return cpu_->UnmapHost(p, b); }
-  absl::Status CopyPages(const PoolView& from, const PoolView& to, absl::Span<const uint32_t> src,
-                         absl::Span<const uint32_t> dst) override {
-    if (*fail_) return absl::InternalError("injected copy failure");
-    return cpu_->CopyPages(from, to, src, dst);
-  }
-  bool synchronous() const override { return true; }
-  absl::StatusOr<uint64_t> RecordFence() override { return cpu_->RecordFence(); }
-  bool FencePassed(uint64_t f) override { return cpu_->FencePassed(f); }
-
- private:
-  std::unique_ptr<Backend> cpu_;
-  bool* fail_;
-};
-
 class HostTierTest : public ::testing::Test {
  protected:
   void SetUp() override { Create(TierOptions()); }
@@ -80,8 +40,8 @@ class HostTierTest : public ::testing::Test {
   }
 
   void Create(const Options& o) {
-    absl::StatusOr<std::unique_ptr<CacheImpl>> cache =
-        CacheImpl::Create(o, std::make_unique<FlakyBackend>(&fail_copies_));
+    absl::StatusOr<std::unique_ptr<Cache>> cache =
+        CreateCache(o, std::make_unique<testing::FaultBackend>(faults_));
     ASSERT_TRUE(cache.ok()) << cache.status();
     cache_ = std::move(*cache);
   }
@@ -139,7 +99,7 @@ class HostTierTest : public ::testing::Test {
 
   BlockState StateOf(BlockId id) { return cache_->GetBlockInfo(id)->state; }
 
-  bool fail_copies_ = false;
+  std::shared_ptr<testing::Faults> faults_ = std::make_shared<testing::Faults>();
   std::unique_ptr<Cache> cache_;
 };
 
@@ -308,7 +268,7 @@ TEST_F(HostTierTest, NoDeviceRoomCutsTheHitBeforeTheFirstOffloadedBlock) {
 
 TEST_F(HostTierTest, AFailingOffloadCopyDropsTheBlockAndChangesNothingElse) {
   Serve(Tokens(4 * kBlock + 1, 1000));
-  fail_copies_ = true;
+  faults_->fail_copy_pages = true;
   const SequenceId big = Compute(Tokens(kDeviceBlocks * kBlock, 50000));
   const CacheStats s = cache_->GetStats();
   EXPECT_EQ(s.host.offload_failures, 4);
@@ -322,7 +282,7 @@ TEST_F(HostTierTest, AFailingOffloadCopyDropsTheBlockWithItsOffloadedDescendants
   Serve(Tokens(8 * kBlock + 1, 1000));
   ASSERT_TRUE(cache_->Release(Compute(Tokens(28 * kBlock, 50000))).ok());  // A's last 4 go down
   ASSERT_EQ(cache_->GetStats().host.blocks, 4);
-  fail_copies_ = true;
+  faults_->fail_copy_pages = true;
   const SequenceId big = Compute(Tokens(kDeviceBlocks * kBlock, 90000));
   const CacheStats s = cache_->GetStats();
   EXPECT_EQ(s.host.blocks, 0);
@@ -336,14 +296,14 @@ TEST_F(HostTierTest, AFailingOnloadCopyLeavesTheBlocksOffloaded) {
   Serve(a);
   ASSERT_TRUE(cache_->Release(Compute(Tokens(kDeviceBlocks * kBlock, 50000))).ok());
   const CacheStats before = cache_->GetStats();
-  fail_copies_ = true;
+  faults_->fail_copy_pages = true;
   const AddResult miss = Match(a);
   EXPECT_EQ(miss.cached_tokens, 0);
   const CacheStats after = cache_->GetStats();
   EXPECT_EQ(after.host.onload_failures, 1);
   EXPECT_EQ(after.host.blocks, 4);
   EXPECT_EQ(after.host.evictable_blocks, 1);
-  fail_copies_ = false;
+  faults_->fail_copy_pages = false;
   ASSERT_TRUE(cache_->Release(miss.id).ok());
   const AddResult hit = Match(a);
   EXPECT_EQ(hit.host_tokens, 4 * kBlock);

@@ -42,6 +42,12 @@ inline std::string StateDifference(const CacheStats& a, const CacheStats& b) {
   for (size_t i = 0; i < a.migrations.size() && i < b.migrations.size(); ++i) {
     field("migrated blocks", a.migrations[i].blocks, b.migrations[i].blocks);
   }
+  field("host.slabs_free", a.host.slabs_free, b.host.slabs_free);
+  field("host.blocks", a.host.blocks, b.host.blocks);
+  field("host.evictable_blocks", a.host.evictable_blocks, b.host.evictable_blocks);
+  field("host.offloaded_blocks", a.host.offloaded_blocks, b.host.offloaded_blocks);
+  field("host.onloaded_blocks", a.host.onloaded_blocks, b.host.onloaded_blocks);
+  field("host.evicted_blocks", a.host.evicted_blocks, b.host.evicted_blocks);
   field("formats", a.formats.size(), b.formats.size());
   for (size_t f = 0; f < a.formats.size() && f < b.formats.size(); ++f) {
     const FormatStats &x = a.formats[f], &y = b.formats[f];

@@ -76,17 +76,18 @@ TierResult Measure(const Options& base, int format) {
   if (format > 0) cache->Demote(blocks, format).IgnoreError();
   cache->Release(p).IgnoreError();
   cache->EndStep().IgnoreError();
-  // F1 takes every free page; F2 needs the slabs P holds, so all of P goes down.
+  // F1 takes every free page; F2 needs P's pages (FP16) or the slabs P holds (colder formats),
+  // so all of P goes down.
   CacheStats s = cache->GetStats();
   const int64_t per_slab = s.slab_bytes / s.formats[0].page_bytes;
   const int64_t free_pages = s.slabs_free * per_slab + s.formats[0].pages_mapped - s.formats[0].pages_used;
   const SequenceId f1 = Private(*cache, free_pages);
   cache->EndStep().IgnoreError();
   s = cache->GetStats();
-  const int64_t p_slabs = s.formats[format].slabs_mapped;
+  const int64_t f2_pages = format == 0 ? kBlocks : s.formats[format].slabs_mapped * per_slab;
   cudaDeviceSynchronize();
   auto t = std::chrono::steady_clock::now();
-  const SequenceId f2 = Private(*cache, p_slabs * per_slab);
+  const SequenceId f2 = Private(*cache, f2_pages);
   cudaDeviceSynchronize();
   const double offload_s = Seconds(t);
   const CacheStats after_offload = cache->GetStats();
