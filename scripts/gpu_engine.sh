@@ -5,7 +5,9 @@
 #   2. runs examples/engine/bench_engine.py on the CUDA backend: correctness against
 #      transformers' generate(), decode speed against the contiguous FP16 SDPA loop, capacity
 #      per palette; its JSON is written after each section, so a timeout keeps what finished;
-#   3. prints the tables for docs/engine.md (bench_engine.py --tables).
+#   3. prints the tables for docs/engine.md (bench_engine.py --tables); back on the workstation,
+#      `bash scripts/engine_results.sh DIR NAME` files DIR (this $OUT) into docs/results/NAME/
+#      and docs/engine.md's results.
 # Everything goes under $OUT (default ./gpu-out): engine.json, engine.log, engine_tables.md,
 # module/ (the module's build log).
 # With the device tool:

@@ -46,7 +46,7 @@ SECTIONS = StepTimer.SECTIONS + ("python",)
 
 # Contexts longest first: should the time limit cut the run short, the 32K cases have run.
 FULL = dict(layers=4, system=128, tails=[32, 1000, 2500], new_tokens=256,
-            contexts=[32768, 8192], batches=[64, 16, 1], warmup=3, timed=10, profiled=2,
+            contexts=[32768, 8192], batches=[64, 16, 1], warmup=3, timed=16, profiled=16,
             capacity_budget=4 << 30, capacity_contexts=[32768, 8192])
 SMOKE = dict(layers=2, system=32, tails=[16, 200, 400], new_tokens=32,
              contexts=[1024, 4096], batches=[8, 1], warmup=2, timed=4, profiled=1,
@@ -109,20 +109,43 @@ def mean_kl(p_logits, q_logits):
     return float((lp.exp() * (lp - lq)).sum(-1).mean())
 
 
+def top2_gap(logits):
+    """The gap between the two largest logits of each row ([..., V] -> [...])."""
+    top2 = logits.topk(2, dim=-1).values
+    return top2[..., 0] - top2[..., 1]
+
+
 def compare_free(ref, free, cached, new):
-    """Free-running tokens against generate()'s: identical, where they first differ and
-    generate()'s top-2 logit gap there, the fraction of equal positions."""
+    """Free-running tokens against generate()'s: identical, where they first differ, the top-2
+    logit gap there of generate() and of the engine (whose tokens are the same up to there)
+    and the largest difference of their logits there, the fraction of equal positions."""
     row = {"cached_tokens": cached, "identical": [], "first_difference": [],
-           "top2_gap_at_first_difference": [], "token_agreement": []}
-    for (want, want_logits), (got, _) in zip(ref, free):
+           "top2_gap_at_first_difference": [], "engine_top2_gap_at_first_difference": [],
+           "logit_difference_at_first_difference": [], "token_agreement": []}
+    for (want, want_logits), (got, got_logits) in zip(ref, free):
         row["identical"].append(got == want)
         at = first_difference(got, want)
         row["first_difference"].append(at)
-        top2 = want_logits[at].topk(2).values if at is not None else None
+        there = at is not None
         row["top2_gap_at_first_difference"].append(
-            float(top2[0] - top2[1]) if top2 is not None else None)
+            float(top2_gap(want_logits[at])) if there else None)
+        row["engine_top2_gap_at_first_difference"].append(
+            float(top2_gap(got_logits[at])) if there else None)
+        row["logit_difference_at_first_difference"].append(
+            float((got_logits[at] - want_logits[at]).abs().max()) if there else None)
         row["token_agreement"].append(sum(x == y for x, y in zip(got, want)) / new)
     return row
+
+
+def near_ties(ref, margin):
+    """How close generate()'s greedy choices are: over every position of every prompt, the
+    smallest top-2 logit gap, and how many gaps are at most `margin` (the largest logit
+    difference the engine showed, teacher-forced: positions where a difference of that size
+    could change the argmax), of how many positions."""
+    gaps = torch.cat([top2_gap(logits) for _, logits in ref])
+    return {"positions": int(gaps.numel()), "min_top2_gap": float(gaps.min()),
+            "gaps_within_max_logit_difference": int((gaps <= margin).sum()),
+            "gaps_below_0.01": int((gaps < 0.01).sum())}
 
 
 def correctness(hf, model, cfg):
@@ -140,8 +163,16 @@ def correctness(hf, model, cfg):
     # FP16, each prompt alone in its own cache: no prefix sharing, so that prefill is
     # transformers' own single call, as in generate().
     alone = [engine_run(model, "fp16", budget, [p], new) for p in prompts]
-    result["palettes"]["fp16_alone"] = compare_free(ref, [a[0][0] for a in alone],
-                                                    [a[1][0] for a in alone], new)
+    row = compare_free(ref, [a[0][0] for a in alone], [a[1][0] for a in alone], new)
+    alone_forced = torch.cat([engine_run(model, "fp16", budget, [p], new, [forced[i]])[0][0][1]
+                              for i, p in enumerate(prompts)])
+    want_logits = torch.cat([lg for _, lg in ref])
+    row["max_logit_difference"] = float((alone_forced - want_logits).abs().max())
+    row["forced_argmax_agreement"] = float(
+        (alone_forced.argmax(-1) == want_logits.argmax(-1)).float().mean())
+    row["near_ties"] = near_ties(ref, row["max_logit_difference"])
+    result["palettes"]["fp16_alone"] = row
+    print(f"correctness fp16_alone: {json.dumps(row)}", flush=True)
     for name in PALETTES:
         free, cached = engine_run(model, name, budget, prompts, new)
         tf = fp16_forced if name == "fp16" else engine_run(model, name, budget, prompts, new,
@@ -150,10 +181,10 @@ def correctness(hf, model, cfg):
         tf_logits = torch.cat([lg for _, lg in tf])
         base = torch.cat([lg for _, lg in fp16_forced])
         if name == "fp16":
-            want_logits = torch.cat([lg for _, lg in ref])
             row["max_logit_difference"] = float((tf_logits - want_logits).abs().max())
             row["forced_argmax_agreement"] = float(
                 (tf_logits.argmax(-1) == want_logits.argmax(-1)).float().mean())
+            row["near_ties"] = near_ties(ref, row["max_logit_difference"])
         else:
             row["forced_argmax_agreement_vs_fp16"] = float(
                 (tf_logits.argmax(-1) == base.argmax(-1)).float().mean())
@@ -194,6 +225,32 @@ def profiled_steps(engine, steps, device):
     return ms
 
 
+def settle_policy(engine, device, most=256):
+    """After prefill, EndStep alone (no decode, no new tokens) until the policy has nothing
+    queued (an EndStep that adds no policy_demotion_failures) and no freed page awaits its
+    fence, at most `most` times: the rest of the one-off demotion of the prompts (which the
+    prefill step's own EndStep begins), kept out of the measured steps. Returns its EndSteps
+    and seconds and the blocks demoted since the cache was made (the prefill step's EndStep
+    and these), or None for the contiguous baseline."""
+    if isinstance(engine.kv, ContiguousKV):
+        return None
+    cache = engine.kv.cache
+    calls, settled = 0, False
+    sync(device)
+    start = time.perf_counter()
+    while calls < most and not settled:
+        failures = cache.stats()["policy_demotion_failures"]
+        cache.end_step()
+        sync(device)
+        calls += 1
+        stats = cache.stats()
+        settled = (stats["policy_demotion_failures"] == failures and
+                   stats["pages_pending_reclaim"] == 0)
+    return {"end_steps": calls, "seconds": time.perf_counter() - start,
+            "blocks_migrated": sum(m["blocks"] for m in cache.stats()["migrations"]),
+            "settled": settled}
+
+
 def kv_bytes(engine):
     if isinstance(engine.kv, ContiguousKV):
         return sum(t.numel() * t.element_size() for t in engine.kv.k + engine.kv.v)
@@ -201,8 +258,12 @@ def kv_bytes(engine):
 
 
 def speed_one(model, name, context, cfg):
-    """Rows for one (backend, context): prefill max(batches) requests, then decode at each
-    batch size, largest first, cancelling requests in between."""
+    """Rows for one (backend, context): prefill max(batches) requests, let the policy settle,
+    then decode at each batch size, largest first, cancelling requests in between. The timed
+    and profiled windows are whole multiples of the block size (16 steps), so that each
+    request's periodic demotion (a block leaves the hot window every 16 tokens, for every
+    request at once since they are of equal length) is in each window exactly as often as in
+    steady state."""
     device = model.device
     batches = sorted(cfg["batches"], reverse=True)
     steps = cfg["warmup"] + cfg["timed"] + cfg["profiled"]
@@ -217,6 +278,7 @@ def speed_one(model, name, context, cfg):
     engine.step()  # admits and prefills every request, then the first decode step
     sync(device)
     prefill_s = time.perf_counter() - start
+    settle = settle_policy(engine, device)
     server = MetricsServer(engine)  # the Prometheus endpoint, live while the engine decodes
     rows = []
     for batch in batches:
@@ -230,8 +292,11 @@ def speed_one(model, name, context, cfg):
                "step_ms": 1e3 * seconds / cfg["timed"],
                "profiled_ms": profiled_steps(engine, cfg["profiled"], device),
                "kv_bytes": kv_bytes(engine), "prefill_s_all": prefill_s,
-               "metrics_live": scrape_running(server) == batch}
-        if name != "contiguous":
+               "metrics_live": scrape_running(server) == batch, "policy_settle": settle}
+        if name == "contiguous":
+            row["sdpa_backend"] = engine.kv.sdpa_choice[batch]
+            row["sdpa_probe_ms"] = engine.kv.sdpa_probe_ms[batch]
+        else:
             stats = engine.kv.cache.stats()
             row["effective_bits_per_element"] = stats["effective_bits_per_element"]
             row["policy_demotion_failures"] = stats["policy_demotion_failures"]
@@ -321,6 +386,10 @@ def write(path, result):
 
 def run(args):
     device = torch.device(args.device)
+    # Every decode step's length is new, and cuDNN's SDPA builds a graph per new length unless
+    # it takes its ragged path (read when SDPA first runs): the baseline's backend probe then
+    # times cuDNN at its best.
+    os.environ.setdefault("TORCH_CUDNN_SDPA_AVOID_RECOMPILE", "1")
     cfg = dict((SMOKE if device.type == "cuda" else CPU_SMOKE) if args.smoke else FULL)
     if args.layers:
         cfg["layers"] = args.layers
@@ -334,6 +403,8 @@ def run(args):
                              device=torch.cuda.get_device_name(device)
                              if device.type == "cuda" else "cpu",
                              torch=torch.__version__,
+                             cudnn_sdpa_avoid_recompile=os.environ[
+                                 "TORCH_CUDNN_SDPA_AVOID_RECOMPILE"],
                              transformers=__import__("transformers").__version__)}
     for section in args.sections.split(","):
         start = time.monotonic()
@@ -366,20 +437,29 @@ def tables(result):
     if c:
         rows = []
         for name, r in c["palettes"].items():
+            ties = r.get("near_ties")
             rows.append([name, f"{sum(r['identical'])}/{len(r['identical'])}",
                          ", ".join(fmt(x, "d") for x in r["first_difference"]),
                          ", ".join(fmt(x, ".4f") for x in r["top2_gap_at_first_difference"]),
+                         ", ".join(fmt(x, ".4f") for x in
+                                   r.get("engine_top2_gap_at_first_difference", [])),
+                         ", ".join(fmt(x, ".4f") for x in
+                                   r.get("logit_difference_at_first_difference", [])),
                          f"{sum(r['token_agreement']) / len(r['token_agreement']):.3f}",
                          fmt(r.get("max_logit_difference"), ".4f"),
                          fmt(r.get("forced_argmax_agreement",
                                    r.get("forced_argmax_agreement_vs_fp16")), ".4f"),
-                         fmt(r.get("mean_kl_vs_fp16"), ".2e")])
+                         fmt(r.get("mean_kl_vs_fp16"), ".2e"),
+                         f"{ties['gaps_within_max_logit_difference']}/{ties['positions']}"
+                         if ties else "-"])
         out.append(f"Correctness: prompts of {c['prompts']} tokens, {c['new_tokens']} new tokens "
                    "each, against transformers' generate()\n\n" + md_table(
                        ["palette", "identical", "first difference", "top-2 gap there",
-                        "token agreement",
+                        "engine's top-2 gap there", "logit diff there", "token agreement",
                         "max logit diff (forced)", "argmax agreement (forced)",
-                        "mean KL vs FP16"], rows))
+                        "mean KL vs FP16", "near ties"], rows) +
+                   "\n\nnear ties: generate()'s positions whose top-2 logit gap is at most the "
+                   "largest logit difference (forced), of all positions.")
     s = result.get("speed")
     if s:
         base = {(r["context"], r["batch"]): r["tokens_per_s"] for r in s
@@ -389,7 +469,8 @@ def tables(result):
             p = r["profiled_ms"]
             speedup = r["tokens_per_s"] / base[(r["context"], r["batch"])] if (
                 r["context"], r["batch"]) in base else float("nan")
-            rows.append([r["backend"], r["context"], r["batch"], f"{r['tokens_per_s']:.0f}",
+            label = r["backend"] + (f" ({r['sdpa_backend']})" if "sdpa_backend" in r else "")
+            rows.append([label, r["context"], r["batch"], f"{r['tokens_per_s']:.0f}",
                          f"{speedup:.2f}", f"{r['step_ms']:.2f}"] +
                         [f"{p[k]:.2f}" for k in SECTIONS] +
                         [f"{100 * p['attention'] / p['step']:.0f}%",
@@ -397,14 +478,24 @@ def tables(result):
         out.append("Decode speed (ms per step; sections from synchronised profiled steps)\n\n" +
                    md_table(["backend", "context", "batch", "tokens/s", "vs contiguous",
                              "step ms"] + list(SECTIONS) + ["attention share", "KV GiB"], rows))
+        settles = {(r["backend"], r["context"]): r["policy_settle"] for r in s
+                   if r.get("policy_settle")}
+        if settles:
+            out.append("One-off demotion of the prefilled prompts: EndStep alone after the "
+                       "prefill step until the policy has nothing queued, before the measured "
+                       "steps (blocks: demoted since the case began)\n\n" + md_table(
+                           ["palette", "context", "EndSteps", "ms", "blocks demoted", "settled"],
+                           [[b, c, x["end_steps"], f"{1e3 * x['seconds']:.1f}",
+                             x["blocks_migrated"], x["settled"]]
+                            for (b, c), x in settles.items()]))
     cap = result.get("capacity")
     if cap:
         rows = [[r["palette"], r["context"], f"{r['budget_bytes'] / 2**30:.2f}",
                  r["most_running"], r["tokens"], f"{r['effective_bits_per_element']:.2f}",
-                 r["preemptions"]] for r in cap]
+                 r["preemptions"], r["steps"], r["policy_demotion_failures"]] for r in cap]
         out.append("Capacity at a fixed budget\n\n" + md_table(
             ["palette", "context", "budget GiB", "requests held", "tokens", "bits/element",
-             "preemptions"], rows))
+             "preemptions", "steps", "demotion failures (block-steps)"], rows))
     return "\n\n".join(out)
 
 

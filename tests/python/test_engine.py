@@ -29,8 +29,8 @@ from transformers import AttentionInterface  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "examples" / "engine"))
-from kvtier_engine import (TINY, Engine, KvtierKV, LlamaCompute, MetricsServer,  # noqa: E402
-                           RequestError, StepTimer, llama_config, random_llama)
+from kvtier_engine import (TINY, ContiguousKV, Engine, KvtierKV, LlamaCompute,  # noqa: E402
+                           MetricsServer, RequestError, StepTimer, llama_config, random_llama)
 from kvtier_engine.capture import capture_kv  # noqa: E402
 
 TOTAL = 64  # tokens per request, prompt included
@@ -190,6 +190,26 @@ def test_cancel_frees_a_request_and_leaves_the_rest(model):
     assert engine.results[ids[1]].tokens == reference(model, ps[1], 20)[0]
     with pytest.raises(KeyError):
         engine.cancel(99)
+
+
+def test_contiguous_baseline_decodes_generates_tokens(model):
+    # The speed baseline (dense FP16 K/V in BSHD slots, SDPA): a ragged batch (a mask) whose
+    # slots are not 0..B-1 (a gather) after the first request finishes early.
+    m = LlamaCompute(model)
+    timer = StepTimer()
+    kv = ContiguousKV(m, max_batch=3, max_context=TOTAL, timer=timer)
+    engine = Engine(m, backend=kv, max_batch=3, timer=timer)
+    ps = prompts()
+    news = [4, TOTAL - len(ps[1]), TOTAL - len(ps[2])]
+    ids = [engine.submit(p, n) for p, n in zip(ps, news)]
+    engine.run()
+    for rid, p, n in zip(ids, ps, news):
+        assert engine.results[rid].tokens == reference(model, p, n)[0]
+    # On the CPU no backend is probed: torch's own dispatch, at each batch size seen.
+    assert kv.sdpa_choice == {3: "default", 2: "default", 1: "default"}
+    assert sorted(kv.free) == [0, 1, 2] and not kv.lengths
+    with pytest.raises(RequestError, match="longer than the contiguous cache"):
+        engine.submit(ps[0], TOTAL)
 
 
 def test_admission_keeps_a_reserve_for_the_policy(model):

@@ -4,8 +4,9 @@
 the slot mapping of AppendTokens/AppendBatch and WriteKV, attended by kvtier's decode attention
 (the fused mixed-format kernel on the CUDA backend, the CPU reference on the CPU backend), one
 PreparedDecode per step for every layer, EndStep after each step (the precision policy).
-`ContiguousKV` is the baseline: one dense FP16 [slots, kv_heads, max_context, head_dim] tensor
-per layer, attended by PyTorch's SDPA. Both serve the same Engine loop.
+`ContiguousKV` is the baseline: one dense FP16 [slots, max_context, kv_heads, head_dim] tensor
+per layer, attended by PyTorch's SDPA (its fastest backend that runs, chosen by timing).
+Both serve the same Engine loop.
 
 The interface (what Engine calls), per request handle `h`:
   check(prompt_len, max_new)      raise RequestError if the request can never fit
@@ -18,8 +19,11 @@ The interface (what Engine calls), per request handle `h`:
   attend(layer, step, q)          decode attention for q [batch, q_heads, head_dim]
   end_step(); release(h)
 """
+import time
+
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class RequestError(ValueError):
@@ -125,19 +129,39 @@ class KvtierKV:
         self.cache.release(h)
 
 
+_SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                  "math": SDPBackend.MATH}
+
+
 class ContiguousKV:
-    """The baseline: dense FP16 K/V per layer [slots, kv_heads, max_context, head_dim], SDPA."""
+    """The baseline: dense FP16 K/V per layer [slots, max_context, kv_heads, head_dim] (each
+    slot's tokens contiguous, the BSHD layout), attended by PyTorch's SDPA through the fastest
+    backend that runs.
+
+    On CUDA the backend is chosen by timing, once per batch size, on the step's own q and K/V:
+    each of `SDPA_CANDIDATES` that takes the call (GQA, the strided BSHD view, a mask when the
+    lengths differ) and matches the math backend is timed over three successive lengths, since
+    a decode step's length is new every step (cuDNN builds a graph per new length unless
+    TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1, which scripts/gpu_engine.sh sets). `sdpa_choice[batch]`
+    names the winner ("default": torch's own dispatch, when none ran; always so on the CPU) and
+    `sdpa_probe_ms[batch]` each candidate's mean ms per call, or "refused" / "wrong". Flash and
+    cuDNN take no dense mask: requests of equal length (the benchmark's speed cases) get none;
+    a ragged batch gets one, and so a slower kernel."""
+
+    SDPA_CANDIDATES = ("cudnn", "flash")
 
     def __init__(self, model, max_batch, max_context, timer):
         self.model = model
         self.timer = timer
         self.max_context = max_context
-        shape = (max_batch, model.num_kv_heads, max_context, model.head_dim)
+        shape = (max_batch, max_context, model.num_kv_heads, model.head_dim)
         self.k = [torch.zeros(shape, dtype=torch.float16, device=model.device)
                   for _ in range(model.num_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
         self.free = list(range(max_batch - 1, -1, -1))
         self.lengths = {}
+        self.sdpa_choice = {}
+        self.sdpa_probe_ms = {}
 
     def check(self, prompt_len, max_new):
         if prompt_len + max_new > self.max_context:
@@ -174,8 +198,8 @@ class ContiguousKV:
     def write(self, layer, slots, k, v):
         with self.timer("append"):
             rows, pos = slots
-            self.k[layer][rows, :, pos] = k.to(torch.float16)
-            self.v[layer][rows, :, pos] = v.to(torch.float16)
+            self.k[layer][rows, pos] = k.to(torch.float16)
+            self.v[layer][rows, pos] = v.to(torch.float16)
 
     def prepare(self, hs):
         with self.timer("page_tables"):
@@ -190,18 +214,67 @@ class ContiguousKV:
             view = hs == list(range(len(hs)))
             return rows, longest, mask, view
 
+    def _kv(self, layer, step, length):
+        """K, V [batch, kv_heads, length, head_dim] of the step's requests' first `length`
+        tokens: strided views of the BSHD buffers (a gather when the batch is not slots
+        0..B-1)."""
+        rows, _, _, view = step
+        k, v = self.k[layer], self.v[layer]
+        if view:
+            k, v = k[:len(rows), :length], v[:len(rows), :length]
+        else:
+            k, v = k[rows, :length], v[rows, :length]
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def _sdpa(self, backend, q, k, v, mask):
+        """SDPA through `backend` (a key of _SDPA_BACKENDS, or "default": torch's dispatch)."""
+        args = dict(attn_mask=mask, scale=self.model.scaling, enable_gqa=True)
+        if backend == "default":
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, **args)
+        with sdpa_kernel(_SDPA_BACKENDS[backend]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, **args)
+
+    def _probe(self, layer, step, q):
+        """(the fastest candidate that ran and matched the math backend on the first and the
+        last request, or "default"; {candidate: mean ms per call at lengths L-2, L-1, L after
+        an untimed call at L-3, or "refused" / "wrong"})."""
+        _, longest, mask, _ = step
+        ends = [0, q.shape[0] - 1]  # the last request catches a misread batch stride
+        k, v = self._kv(layer, step, longest)
+        want = self._sdpa("math", q[ends], k[ends], v[ends],
+                          mask[ends] if mask is not None else None).float()
+        times = {}
+        for name in self.SDPA_CANDIDATES:
+            calls = []
+            try:
+                for length in range(max(1, longest - 3), longest + 1):
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    out = self._sdpa(name, q, *self._kv(layer, step, length),
+                                     mask[..., :length] if mask is not None else None)
+                    torch.cuda.synchronize()
+                    calls.append(time.perf_counter() - start)
+            except RuntimeError:  # this backend does not take the call (shape, GQA, mask)
+                times[name] = "refused"
+                continue
+            error = (out[ends].float() - want).abs().max() / want.abs().max().clamp_min(1e-6)
+            if error > 2e-2:  # relative to the output's scale; FP16 rounding is ~1e-3
+                times[name] = "wrong"
+                continue
+            timed = calls[1:] or calls
+            times[name] = 1e3 * sum(timed) / len(timed)
+        ran = {n: t for n, t in times.items() if not isinstance(t, str)}
+        return (min(ran, key=ran.get) if ran else "default"), times
+
     def attend(self, layer, step, q):
         with self.timer("attention"):
-            rows, longest, mask, view = step
-            if view:
-                k = self.k[layer][:len(rows), :, :longest]
-                v = self.v[layer][:len(rows), :, :longest]
-            else:
-                k = self.k[layer][rows, :, :longest]
-                v = self.v[layer][rows, :, :longest]
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q.to(torch.float16)[:, :, None], k, v, attn_mask=mask,
-                scale=self.model.scaling, enable_gqa=True)
+            rows, longest, mask, _ = step
+            q = q.to(torch.float16)[:, :, None]
+            batch = len(rows)
+            if batch not in self.sdpa_choice:
+                choice = self._probe(layer, step, q) if q.is_cuda else ("default", {})
+                self.sdpa_choice[batch], self.sdpa_probe_ms[batch] = choice
+            out = self._sdpa(self.sdpa_choice[batch], q, *self._kv(layer, step, longest), mask)
             return out[:, :, 0].to(self.model.dtype)
 
     def end_step(self):
