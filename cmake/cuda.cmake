@@ -37,7 +37,8 @@ endfunction()
 
 target_sources(kvtier PRIVATE
   kernels/append.cu
-  kernels/decode_attention.cu
+  kernels/attention/decode_launch.cu
+  kernels/attention/merge_states.cu
   kernels/migrate.cu
   kernels/read_page.cu
   kernels/self_check.cu

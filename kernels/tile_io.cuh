@@ -105,13 +105,6 @@ __device__ __forceinline__ float LoadElement(const PageLayout& l, const CodecLay
   }
 }
 
-// max(amax, |x|) over the finite values, as page_codec.h's AmaxOf. The fast form lets +-Inf
-// through (a caller that sees an infinite amax redoes the tile exactly); both skip NaN.
-template <bool kFast>
-__device__ __forceinline__ float AmaxStep(float amax, float x) {
-  return kFast ? fmaxf(amax, fabsf(x)) : fmaxf(amax, FiniteAbs(x));
-}
-
 __device__ __forceinline__ float WarpMax(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));

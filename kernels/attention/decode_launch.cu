@@ -1,0 +1,179 @@
+// The host side of kvtier's fused decode attention (contract in kernels/decode_attention.cuh):
+// each palette format's staging plan, the split of a batch's pages that fills the GPU, and the
+// launch of PagedDecodeKernel (decode_kernel.cuh) followed, for a split batch, by the merge of
+// its partial states (merge_states.cu).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "kernels/attention/decode_kernel.cuh"
+#include "kernels/attention/side_kind.cuh"
+#include "kernels/attention/stage_page.cuh"
+#include "kernels/decode_attention.cuh"
+
+namespace kvtier::gpu {
+namespace {
+
+using attention::kDirectFp16;
+using attention::kE4M3Side;
+using attention::kE5M2Side;
+using attention::kFp16Side;
+using attention::kNvfp4DimSide;
+using attention::kNvfp4TokenSide;
+using attention::kStages;
+using attention::kThreads;
+using attention::kWarps;
+using attention::PagedDecodeKernel;
+
+bool AllFp16(const PageLayout& l) {
+  return l.k.type == ElementType::kFp16 && l.v.type == ElementType::kFp16;
+}
+
+// Fills k's format plans, stage_bytes and scales_at from its pools. Returns false for a layout
+// the kernel does not read (BF16, a page other than 16 tokens x head_dim 128).
+bool PlanStaging(PagedDecodeParams& k) {
+  bool mixed = false;  // all-FP16 formats next to smaller ones are read directly
+  for (int f = 0; f < k.num_formats; ++f) mixed |= !AllFp16(k.pools[f].layout);
+  k.stage_bytes = 0;
+  for (int f = 0; f < k.num_formats; ++f) {
+    const PageLayout& l = k.pools[f].layout;
+    if (l.tokens != kDecodeBlockTokens || l.head_dim != kDecodeHeadDim) return false;
+    PagedDecodeParams::FormatPlan& plan = k.plans[f];
+    const CodecLayout* sides[2] = {&l.k, &l.v};
+    const float tensor[2] = {k.pools[f].k_tensor_scale, k.pools[f].v_tensor_scale};
+    const bool direct = mixed && AllFp16(l);
+    uint32_t side_bytes[2];
+    plan.kinds = direct ? kDirectFp16 : 0;
+    for (int side = 0; side < 2; ++side) {
+      const CodecLayout& c = *sides[side];
+      if (c.type == ElementType::kBf16) return false;
+      const bool nvfp4 = c.type == ElementType::kNvfp4;
+      const uint32_t kind = c.type == ElementType::kFp16      ? kFp16Side
+                            : c.type == ElementType::kFp8E4M3 ? kE4M3Side
+                            : c.type == ElementType::kFp8E5M2 ? kE5M2Side
+                            : c.axis == MicroAxis::kHeadDim   ? kNvfp4DimSide
+                                                              : kNvfp4TokenSide;
+      side_bytes[side] =
+          direct ? 0 : l.tokens * c.row_bytes + (nvfp4 ? l.tokens * l.head_dim / kMicroBlock : 0);
+      plan.src[side] = c.payload_offset;
+      plan.src[2 + side] = nvfp4 ? c.micro_offset : 0;
+      const bool scaled = c.type != ElementType::kFp16;
+      plan.scale_count[side] =
+          !scaled ? 0 : PageScalesPerHead(CodecSpec{c.type, c.scope, c.axis}, l.tokens);
+      plan.scale_src[side] = plan.scale_count[side] > 0 ? l.ScaleOffset(c, 0, 0) : 0;
+      plan.fill[side] = scaled ? tensor[side] : 1.f;
+      plan.mul[side] = nvfp4 ? 128.f : 1.f;
+      plan.kinds |= kind << (3 * side) | (plan.scale_count[side] == 16 ? 1u : 0u) << (6 + side);
+    }
+    plan.v_at = side_bytes[0];
+    k.stage_bytes =
+        std::max<int32_t>(k.stage_bytes, (side_bytes[0] + side_bytes[1] + 15) / 16 * 16);
+  }
+  k.scales_at = k.stage_bytes;
+  k.stage_bytes += 32 * sizeof(float);
+  return true;
+}
+
+// The kernel for k's GQA group and its dynamic shared memory: the staging rings, or the
+// block's merge of its warps' states if larger.
+struct KernelLaunch {
+  void (*kernel)(PagedDecodeParams);
+  int smem;
+};
+KernelLaunch KernelFor(const PagedDecodeParams& k) {
+  const bool wide = k.num_q_heads / k.num_kv_heads > 8;
+  const size_t group_rows = wide ? 16 : 8;
+  const size_t ring = static_cast<size_t>(kWarps) * kStages * (k.stage_bytes + 4);
+  const size_t merge = kWarps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
+  return {wide ? PagedDecodeKernel<2> : PagedDecodeKernel<1>,
+          static_cast<int>(std::max(ring, merge))};
+}
+
+// Raises the kernels' opt-in shared memory limit on the current device, once per device, to the
+// most any launch asks for (FP16 K and V, the largest staged page).
+cudaError_t RaiseSharedLimit() {
+  static std::atomic<uint64_t> raised{0};  // bit d: device d (devices past 63: every launch)
+  int device = 0;
+  const cudaError_t got = cudaGetDevice(&device);
+  if (got != cudaSuccess) return got;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if ((raised.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
+  constexpr int kMostSmem =
+      kWarps * kStages * (2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4 + 4);
+  for (const auto f : {PagedDecodeKernel<1>, PagedDecodeKernel<2>}) {
+    const cudaError_t r =
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kMostSmem);
+    if (r != cudaSuccess) return r;
+  }
+  raised.fetch_or(bit, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+bool ValidShapes(const PagedDecodeParams& p) {
+  return p.batch >= 0 && p.batch <= kDecodeMaxBatch && p.num_kv_heads >= 1 &&
+         p.num_q_heads % p.num_kv_heads == 0 && p.num_q_heads / p.num_kv_heads >= 1 &&
+         p.num_q_heads / p.num_kv_heads <= kDecodeMaxGroup && p.num_formats >= 1 &&
+         p.num_formats <= kDecodeMaxFormats;
+}
+
+}  // namespace
+
+cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int32_t num_sms,
+                              DecodeSplit* split) {
+  PagedDecodeParams k = p;
+  if (!ValidShapes(p) || !PlanStaging(k)) return cudaErrorInvalidValue;
+  const cudaError_t raised = RaiseSharedLimit();
+  if (raised != cudaSuccess) return raised;
+  const KernelLaunch launch = KernelFor(k);
+  int per_sm = 0;
+  const cudaError_t e =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, launch.kernel, kThreads, launch.smem);
+  if (e != cudaSuccess) return e;
+  // One wave: as many splits as fill the resident blocks of every multiprocessor, and at least
+  // 8 pages per split (two per warp) so that the merge stays small next to the attention.
+  const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(p.batch) * p.num_kv_heads);
+  const int64_t want = std::max<int64_t>(1, per_sm) * num_sms / blocks;
+  const int64_t most = std::max<int64_t>(1, (max_pages + 7) / 8);
+  const int32_t splits = static_cast<int32_t>(std::max<int64_t>(1, std::min(want, most)));
+  const int32_t per = std::max<int32_t>(1, (max_pages + splits - 1) / splits);
+  *split = {static_cast<int32_t>((std::max(max_pages, 1) + per - 1) / per), per};
+  return cudaSuccess;
+}
+
+int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_splits) {
+  if (num_splits <= 1) return 0;
+  return static_cast<int64_t>(num_splits) * batch * num_q_heads * (kDecodeHeadDim + 1);
+}
+
+cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
+  if (!ValidShapes(p) || p.num_splits < 1 || p.pages_per_split < 1 ||
+      (p.num_splits > 1 && p.workspace == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.batch == 0) return cudaSuccess;
+  PagedDecodeParams k = p;
+  if (!PlanStaging(k)) return cudaErrorInvalidValue;
+  const cudaError_t raised = RaiseSharedLimit();
+  if (raised != cudaSuccess) return raised;
+  const KernelLaunch launch = KernelFor(k);
+  const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
+  launch.kernel<<<grid, kThreads, launch.smem, stream>>>(k);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || p.num_splits == 1) return e;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
+  MergeStatesParams m;
+  m.v = p.workspace;
+  m.s = p.workspace + static_cast<int64_t>(p.num_splits) * rows * kDecodeHeadDim;
+  m.v_part_stride = rows * kDecodeHeadDim;
+  m.s_part_stride = rows;
+  m.parts = p.num_splits;
+  m.rows = rows;
+  m.head_dim = kDecodeHeadDim;
+  m.out = p.out;
+  m.lse = p.lse;
+  return LaunchMergeStates(m, stream);
+}
+
+}  // namespace kvtier::gpu

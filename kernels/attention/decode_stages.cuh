@@ -1,0 +1,265 @@
+// The per-page stages of kvtier's decode kernel (decode_kernel.cuh has the work split and the
+// math of one page): load Q, S^T = K Q^T (QK), the online softmax, and O^T += V^T P^T (PV).
+// Each is a __forceinline__ function over one warp's registers, composed by PagedDecodeKernel.
+#ifndef KVTIER_KERNELS_ATTENTION_DECODE_STAGES_CUH_
+#define KVTIER_KERNELS_ATTENTION_DECODE_STAGES_CUH_
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/attention/convert.cuh"
+#include "kernels/attention/fragments.cuh"
+#include "kernels/attention/mma.cuh"
+#include "kernels/attention/side_kind.cuh"
+#include "kernels/decode_attention.cuh"
+
+namespace kvtier::gpu::attention {
+
+constexpr int kWarps = 4;  // warps per block: each takes the split's pages in turn
+constexpr int kThreads = kWarps * 32;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+// The running maximum may lag the true one by up to kLazy (logits are in log2 units), so that
+// most pages skip rescaling the accumulators; probabilities stay below 2^kLazy in FP16.
+constexpr float kLazy = 8.f;
+// A page whose V scales all fall below the accumulator unit times this factor forces a rescale
+// (FP16 probabilities keep their precision above it). Every rescale, whatever triggered it,
+// makes the page's largest V scale the new unit.
+constexpr float kUnitFloor = 1.f / 1024.f;
+
+// What a thread of a block attends: one (sequence b, KV head, split), and its place in the block
+// (lane = 4 g + c of warp `warp`).
+struct DecodeBlock {
+  int split, kv_head, b;
+  int warp, lane, g, c;
+  int group;  // query heads per KV head
+  int seq_len, first_entry;
+  int page_begin, page_end;  // the split's pages of the sequence
+};
+
+__device__ __forceinline__ DecodeBlock BlockOf(const PagedDecodeParams& p) {
+  DecodeBlock k;
+  k.split = blockIdx.x, k.kv_head = blockIdx.y, k.b = blockIdx.z;
+  k.warp = threadIdx.x / 32, k.lane = threadIdx.x % 32;
+  k.g = k.lane / 4, k.c = k.lane % 4;
+  k.group = p.num_q_heads / p.num_kv_heads;
+  k.seq_len = p.seq_lens[k.b];
+  k.first_entry = p.packed_indptr[k.b];
+  const int pages = (k.seq_len + kDecodeBlockTokens - 1) / kDecodeBlockTokens;
+  k.page_begin = k.split * p.pages_per_split;
+  k.page_end = min(pages, k.page_begin + p.pages_per_split);
+  return k;
+}
+
+// One warp's attention state (locals of the kernel, so that each array is promoted to
+// registers on its own). Lane (g, c) keeps heads 8t + 2c and 8t + 2c + 1 (index 2t + h): their
+// running maxima m_run and sums l_run (this lane's tokens only), and, of the output o, dims
+// 16g + 2i and 16g + 2i + 1 of tile i: o[t][i] = {(2i, head 2c), (2i, 2c+1), (2i+1, 2c),
+// (2i+1, 2c+1)}, in units of the V scale `unit` (inv_unit = 1 / unit).
+template <int kTiles>
+__device__ __forceinline__ void InitState(float (&m_run)[2 * kTiles], float (&l_run)[2 * kTiles],
+                                          float (&o)[kTiles][8][4]) {
+#pragma unroll
+  for (int h = 0; h < 2 * kTiles; ++h) m_run[h] = -INFINITY, l_run[h] = 0.f;
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[t][i][0] = o[t][i][1] = o[t][i][2] = o[t][i][3] = 0.f;
+  }
+}
+
+// A page as the stages read it: staged in shared memory, or (direct) an all-FP16 page's head in
+// global memory, K rows at direct_k and V rows `direct_v` bytes after them.
+struct StagedPage {
+  const PagedDecodeParams::FormatPlan* plan;
+  uint32_t kinds;  // plan->kinds
+  uint8_t* page;
+  uint8_t* v_side;
+  int valid;  // tokens of the page within the sequence (1..16)
+  bool direct;
+  const uint8_t* direct_k;
+  uint32_t direct_v;
+};
+
+// Q^T fragments (the B operand of S^T = K Q^T) in the canonical K order: k-step j pairs with
+// K pairs 2j and 2j + 1, which hold dims 32c + 8m + q (+4), m = j / 2, q = 2 (j % 2) (+1).
+template <int kTiles>
+__device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const DecodeBlock& k,
+                                          uint32_t (&qb)[kTiles][8][2]) {
+  constexpr int kD = kDecodeHeadDim;
+  const float* q0 = p.q + (static_cast<int64_t>(k.b) * p.num_q_heads + k.kv_head * k.group) * kD;
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+    const int row = k.g + 8 * t;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int d = 32 * k.c + 8 * (j / 2) + 2 * (j % 2);
+      const float* qr = q0 + row * kD;
+      qb[t][j][0] = row < k.group ? PackHalf2(qr[d], qr[d + 4]) : 0u;
+      qb[t][j][1] = row < k.group ? PackHalf2(qr[d + 1], qr[d + 5]) : 0u;
+    }
+  }
+}
+
+// QK: S^T = K Q^T, the logits of tokens g (s[t][0..1]) and g + 8 (s[t][2..3]) for heads
+// 8t + 2c, +1, as two chains of four k-steps. K's FP32 scales are left out.
+template <int kTiles>
+__device__ __forceinline__ void ComputeLogits(const StagedPage& pg, int g, int c,
+                                              const uint32_t (&qb)[kTiles][8][2],
+                                              float (&s)[kTiles][4]) {
+  uint32_t k[2][16];
+  if (pg.direct) {
+    LoadKeys<kFp16Side>(pg.direct_k, g, c, k);
+  } else {
+    DispatchSide(pg.kinds & 7,
+                 [&](auto kind) { LoadKeys<decltype(kind)::value>(pg.page, g, c, k); });
+  }
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+    float odd[4] = {0.f, 0.f, 0.f, 0.f};
+    s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t a[4] = {k[0][2 * j], k[1][2 * j], k[0][2 * j + 1], k[1][2 * j + 1]};
+      Mma(j % 2 ? odd : s[t], a, qb[t][j][0], qb[t][j][1]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[t][e] += odd[e];
+  }
+}
+
+// 2^x by the hardware approximation (2 ulp; 0 for -inf).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Max (kMax) or sum of x over the lanes with equal lane % 4, in each of them.
+template <bool kMax>
+__device__ __forceinline__ float ReduceOverG(float x) {
+#pragma unroll
+  for (int d = 4; d < 32; d *= 2) {
+    const float y = __shfl_xor_sync(0xFFFFFFFFu, x, d);
+    x = kMax ? fmaxf(x, y) : x + y;
+  }
+  return x;
+}
+
+// Softmax, 1: applies the K scales (and the softmax scale, in log2 units) to the logits, -inf
+// past the sequence's end, and sets vs to the V scales of tokens g and g + 8 (0 past the end).
+// Returns whether one of this lane's logits exceeds its head's running maximum by over kLazy.
+template <int kTiles>
+__device__ __forceinline__ bool ScaleLogits(const PagedDecodeParams& p, const StagedPage& pg,
+                                            int g, float logit_scale,
+                                            const float (&m_run)[2 * kTiles],
+                                            float (&s)[kTiles][4], float (&vs)[2]) {
+  const float* scales = reinterpret_cast<const float*>(pg.page + p.scales_at);
+  const int k_step = (pg.kinds >> 6) & 1, v_step = (pg.kinds >> 7) & 1;
+  bool rescale = false;
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    const int token = g + 8 * n;
+    const bool ok = token < pg.valid;
+    const float ks = scales[token * k_step] * (pg.plan->mul[0] * logit_scale);
+    vs[n] = ok ? scales[16 + token * v_step] * pg.plan->mul[1] : 0.f;
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float& x = s[t][2 * n + h];
+        x = ok ? x * ks : -INFINITY;
+        rescale |= x > m_run[2 * t + h] + kLazy;
+      }
+    }
+  }
+  return rescale;
+}
+
+// Softmax, 2: rescales only when a logit exceeds its head's running maximum by more than
+// kLazy, or the V scales leave the accumulator unit's range (one above it, or all below its
+// floor); the decision is the whole warp's, and the maxima are reduced only then.
+template <int kTiles>
+__device__ __forceinline__ void Rescale(bool rescale, const float (&vs)[2],
+                                        const float (&s)[kTiles][4], float (&m_run)[2 * kTiles],
+                                        float (&l_run)[2 * kTiles], float& unit, float& inv_unit,
+                                        float (&o)[kTiles][8][4]) {
+  const float lane_unit = fmaxf(vs[0], vs[1]);
+  rescale |= lane_unit > unit && lane_unit < INFINITY;
+  const bool below = !(lane_unit >= unit * kUnitFloor);
+  if (__any_sync(0xFFFFFFFFu, rescale) || __all_sync(0xFFFFFFFFu, below)) {
+    const float page_unit = ReduceOverG<true>(lane_unit);
+    const float new_unit = page_unit > 1e-30f && page_unit < INFINITY ? page_unit : unit;
+    const float unit_ratio = unit / new_unit;
+    unit = new_unit;
+    inv_unit = 1.f / new_unit;
+#pragma unroll
+    for (int h = 0; h < 2 * kTiles; ++h) {
+      const float m_page = ReduceOverG<true>(fmaxf(s[h / 2][h % 2], s[h / 2][2 + h % 2]));
+      const float m_new = fmaxf(m_run[h], m_page);
+      const float alpha = Exp2(m_run[h] - m_new);  // 0 for the first page (m_run = -inf)
+      m_run[h] = m_new;
+      l_run[h] *= alpha;
+      const float r = alpha * unit_ratio;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[h / 2][i][h % 2] *= r, o[h / 2][i][2 + h % 2] *= r;
+    }
+  }
+}
+
+// Softmax, 3: P^T (the B operand of O^T = V^T P^T), the probabilities times V scale / unit in
+// FP16, and the running sums.
+template <int kTiles>
+__device__ __forceinline__ void Probabilities(const float (&vs)[2], const float (&s)[kTiles][4],
+                                              const float (&m_run)[2 * kTiles],
+                                              float (&l_run)[2 * kTiles], float inv_unit,
+                                              uint32_t (&pb)[kTiles][2]) {
+  const float r0 = vs[0] * inv_unit, r1 = vs[1] * inv_unit;
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+    const float e0 = Exp2(s[t][0] - m_run[2 * t]), e1 = Exp2(s[t][1] - m_run[2 * t + 1]);
+    const float e2 = Exp2(s[t][2] - m_run[2 * t]), e3 = Exp2(s[t][3] - m_run[2 * t + 1]);
+    l_run[2 * t] += e0 + e2;
+    l_run[2 * t + 1] += e1 + e3;
+    pb[t][0] = Transpose8x8(PackHalf2(e0 * r0, e1 * r0));
+    pb[t][1] = Transpose8x8(PackHalf2(e2 * r1, e3 * r1));
+  }
+}
+
+// Softmax: the page's logits s to P^T, updating the warp's state (InitState).
+template <int kTiles>
+__device__ __forceinline__ void OnlineSoftmax(const PagedDecodeParams& p, const StagedPage& pg,
+                                              int g, float logit_scale, float (&s)[kTiles][4],
+                                              float (&m_run)[2 * kTiles],
+                                              float (&l_run)[2 * kTiles], float& unit,
+                                              float& inv_unit, float (&o)[kTiles][8][4],
+                                              uint32_t (&pb)[kTiles][2]) {
+  float vs[2];
+  const bool rescale = ScaleLogits<kTiles>(p, pg, g, logit_scale, m_run, s, vs);
+  Rescale<kTiles>(rescale, vs, s, m_run, l_run, unit, inv_unit, o);
+  Probabilities<kTiles>(vs, s, m_run, l_run, inv_unit, pb);
+}
+
+// PV: O^T += V^T P^T over the page's 16 tokens (8 tiles of 16 dims per query-head tile).
+template <int kTiles>
+__device__ __forceinline__ void AccumulateValues(const StagedPage& pg, int g, int c,
+                                                 const uint32_t (&pb)[kTiles][2],
+                                                 float (&o)[kTiles][8][4]) {
+  uint32_t v[2][16];
+  if (pg.direct) {
+    LoadValues<kFp16Side, true>(pg.direct_k + pg.direct_v, g, c, v, pg.valid);
+  } else {
+    DispatchSide((pg.kinds >> 3) & 7,
+                 [&](auto kind) { LoadValues<decltype(kind)::value>(pg.v_side, g, c, v); });
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t a[4] = {v[0][2 * i], v[0][2 * i + 1], v[1][2 * i], v[1][2 * i + 1]};
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) Mma(o[t][i], a, pb[t][0], pb[t][1]);
+  }
+}
+
+}  // namespace kvtier::gpu::attention
+
+#endif  // KVTIER_KERNELS_ATTENTION_DECODE_STAGES_CUH_

@@ -1,0 +1,42 @@
+// The codecs one side (K or V) of a page can be in, as the decode kernel reads them
+// (kernels/attention/), and the dispatch from a runtime kind to code compiled for that kind.
+// Used by the kernel and by the host planner (decode_launch.cu) that sets each format's kinds.
+#ifndef KVTIER_KERNELS_ATTENTION_SIDE_KIND_CUH_
+#define KVTIER_KERNELS_ATTENTION_SIDE_KIND_CUH_
+
+#include <cstdint>
+#include <type_traits>
+
+namespace kvtier::gpu::attention {
+
+// Each kind has a compile-time staged layout, [16 token rows][128 micro-scale bytes, NVFP4 only].
+enum SideKind : uint32_t { kFp16Side, kE4M3Side, kE5M2Side, kNvfp4DimSide, kNvfp4TokenSide };
+// FormatPlan::kinds bit of an all-FP16 format whose pages are read straight from global memory
+// instead of staged (in a mixed palette, so that the staged pages of the smaller formats set the
+// shared memory per block, and with it the occupancy).
+constexpr uint32_t kDirectFp16 = 1u << 8;
+
+// Bytes of one token row of a side of `kind` (NVFP4 micro-scales, 128 bytes, follow the rows).
+__host__ __device__ constexpr uint32_t RowBytes(uint32_t kind) {
+  return kind == kFp16Side ? 256 : kind <= kE5M2Side ? 128 : 64;
+}
+
+template <uint32_t kKind>
+using Side = std::integral_constant<uint32_t, kKind>;
+
+// Calls f(Side<kind>()) for the side kind `kind` (warp-uniform), so that f is compiled once
+// per kind with its layout known.
+template <typename F>
+__device__ __forceinline__ void DispatchSide(uint32_t kind, F&& f) {
+  switch (kind) {
+    case kFp16Side: f(Side<kFp16Side>()); break;
+    case kE4M3Side: f(Side<kE4M3Side>()); break;
+    case kE5M2Side: f(Side<kE5M2Side>()); break;
+    case kNvfp4DimSide: f(Side<kNvfp4DimSide>()); break;
+    default: f(Side<kNvfp4TokenSide>()); break;
+  }
+}
+
+}  // namespace kvtier::gpu::attention
+
+#endif  // KVTIER_KERNELS_ATTENTION_SIDE_KIND_CUH_
