@@ -121,7 +121,7 @@ if [ -e "$lib" ]; then
   # shellcheck disable=SC2046  # pybind11 --includes is a list of -I flags
   if g++ -O2 -DNDEBUG -shared -fPIC -std=c++17 -fvisibility=hidden -include cstdint \
       $(python3 -m pybind11 --includes) -I. -Iinclude -Ibundle/include \
-      adapters/python/kvtier_py.cc -Wl,--no-as-needed "${links[@]}" -Wl,--as-needed \
+      adapters/python/*.cc -Wl,--no-as-needed "${links[@]}" -Wl,--as-needed \
       -Wl,--disable-new-dtags,-rpath,"$PWD/bundle/lib" \
       -o "/tmp/kvpy/kvtier$ext" >"$out/module_build.log" 2>&1; then
     say "module: /tmp/kvpy/kvtier$ext compiled in $((SECONDS - start)) s, linked ${links[*]}"

@@ -1,5 +1,6 @@
-# The Python module `kvtier` (adapters/python/kvtier_py.cc) with Debian's pybind11, and its
-# pytest suite registered with ctest (label "python"). Included from the top-level CMakeLists.
+# The Python module `kvtier` (adapters/python/, entry point module.cc) with Debian's pybind11,
+# and its pytest suite registered with ctest (label "python"). Included from the top-level
+# CMakeLists.
 #
 # KVTIER_BUILD_PYTHON defaults to ON when pybind11 is found and no sanitizer is set (an
 # ASan/TSan module cannot be loaded into a plain python3). The module and its tests use Debian's
@@ -19,7 +20,16 @@ if(KVTIER_BUILD_PYTHON)
   if(NOT pybind11_FOUND)
     message(FATAL_ERROR "KVTIER_BUILD_PYTHON needs pybind11 (Debian: pybind11-dev python3-dev)")
   endif()
-  pybind11_add_module(kvtier_py adapters/python/kvtier_py.cc)
+  pybind11_add_module(kvtier_py
+    adapters/python/adapter_bindings.cc
+    adapters/python/attention_bindings.cc
+    adapters/python/cache_bindings.cc
+    adapters/python/dlpack.cc
+    adapters/python/module.cc
+    adapters/python/py_support.cc
+    adapters/python/tensor_args.cc
+    adapters/python/value_bindings.cc
+  )
   set_target_properties(kvtier_py PROPERTIES OUTPUT_NAME kvtier
     LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/python)
   target_include_directories(kvtier_py PRIVATE ${PROJECT_SOURCE_DIR})

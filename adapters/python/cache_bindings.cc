@@ -1,0 +1,259 @@
+// Cache construction, geometry, sequences, K/V data, policy, stats and pools for the module
+// `kvtier`.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "adapters/python/bindings.h"
+#include "adapters/python/py_support.h"
+#include "adapters/python/tensor_args.h"
+#include "kvtier/cache.h"
+#include "kvtier/format.h"
+#include "kvtier/policy.h"
+
+namespace kvtier::python {
+namespace {
+
+using namespace pybind11::literals;
+
+py::dict HistogramDict(const HistogramStats& h) {
+  return py::dict("bounds"_a = h.bounds, "counts"_a = h.counts, "sum"_a = h.sum,
+                  "count"_a = h.count);
+}
+
+py::dict StatsDict(const CacheStats& s) {
+  py::list formats;
+  for (const FormatStats& f : s.formats) {
+    formats.append(py::dict("name"_a = f.name, "page_bytes"_a = f.page_bytes,
+                            "slabs_mapped"_a = f.slabs_mapped, "pages_mapped"_a = f.pages_mapped,
+                            "pages_used"_a = f.pages_used, "blocks_in_use"_a = f.blocks_in_use,
+                            "blocks_cached"_a = f.blocks_cached, "bytes"_a = f.bytes,
+                            "bits_per_element"_a = f.bits_per_element));
+  }
+  py::list migrations;
+  for (const MigrationStats& m : s.migrations) {
+    migrations.append(
+        py::dict("from"_a = m.from, "to"_a = m.to, "blocks"_a = m.blocks, "bytes"_a = m.bytes));
+  }
+  py::dict d;
+  d["budget_bytes"] = s.budget_bytes;
+  d["slab_bytes"] = s.slab_bytes;
+  d["slabs_total"] = s.slabs_total;
+  d["slabs_free"] = s.slabs_free;
+  d["used_bytes"] = s.used_bytes;
+  d["cached_bytes"] = s.cached_bytes;
+  d["usage_ratio"] = s.usage_ratio;
+  d["effective_bits_per_element"] = s.effective_bits_per_element;
+  d["sequences"] = s.sequences;
+  d["tokens"] = s.tokens;
+  d["pages_pending_reclaim"] = s.pages_pending_reclaim;
+  d["steps"] = s.steps;
+  d["formats"] = formats;
+  d["allocation_failures"] = s.allocation_failures;
+  d["copy_on_write_blocks"] = s.copy_on_write_blocks;
+  d["slab_moves"] = s.slab_moves;
+  d["nonfinite_values"] = s.nonfinite_values;
+  d["prefix_queried_tokens"] = s.prefix_queried_tokens;
+  d["prefix_hit_tokens"] = s.prefix_hit_tokens;
+  d["prefix_hit_blocks"] = s.prefix_hit_blocks;
+  d["prefix_missed_blocks"] = s.prefix_missed_blocks;
+  d["evicted_blocks"] = s.evicted_blocks;
+  d["evictable_blocks"] = s.evictable_blocks;
+  d["indexed_blocks"] = s.indexed_blocks;
+  d["policy"] = s.policy;
+  d["under_pressure"] = s.under_pressure;
+  d["demotions_under_pressure"] = s.demotions_under_pressure;
+  d["policy_demotion_failures"] = s.policy_demotion_failures;
+  d["migration_seconds"] = HistogramDict(s.migration_seconds);
+  d["block_lifetime_seconds"] = HistogramDict(s.block_lifetime_seconds);
+  d["block_idle_before_evict_seconds"] = HistogramDict(s.block_idle_before_evict_seconds);
+  d["migrations"] = migrations;
+  return d;
+}
+
+std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim,
+                                   int32_t block_tokens, int64_t budget_bytes,
+                                   std::optional<std::vector<std::string>> palette,
+                                   std::optional<std::string> policy, int64_t slab_bytes,
+                                   std::vector<float> k_tensor_amax,
+                                   std::vector<float> v_tensor_amax, const std::string& backend) {
+  Options o;
+  o.geometry = Geometry{num_layers, num_kv_heads, head_dim, block_tokens};
+  o.memory_budget_bytes = static_cast<size_t>(budget_bytes);
+  o.slab_bytes = static_cast<size_t>(slab_bytes);
+  o.k_tensor_amax = std::move(k_tensor_amax);
+  o.v_tensor_amax = std::move(v_tensor_amax);
+  if (backend == "cpu") {
+    o.backend = BackendKind::kCpu;
+  } else if (backend == "cuda") {
+    o.backend = BackendKind::kCuda;
+  } else {
+    throw py::value_error("backend must be 'cpu' or 'cuda', not '" + backend + "'");
+  }
+  std::optional<Policy> loaded;
+  if (policy) loaded = Value(LoadPolicy(*policy));
+  if (palette) {
+    o.palette.clear();
+    for (const std::string& name : *palette) o.palette.push_back(Value(ParseFormat(name)));
+  } else if (loaded) {
+    o.palette = PolicyPalette(*loaded);
+  }
+  auto c = std::make_unique<PyCache>();
+  c->cache = Value(Cache::Create(o));
+  if (loaded) Check(c->cache->SetPolicy(*loaded));
+  return c;
+}
+
+void BindShape(CacheClass& cache) {
+  cache
+      .def(py::init(&MakeCache), "num_layers"_a = 1, "num_kv_heads"_a = 1, "head_dim"_a = 128,
+           "block_tokens"_a = 16, "budget_bytes"_a = int64_t{256} << 20, "palette"_a = py::none(),
+           "policy"_a = py::none(), "slab_bytes"_a = int64_t{2} << 20,
+           "k_tensor_amax"_a = std::vector<float>{}, "v_tensor_amax"_a = std::vector<float>{},
+           "backend"_a = "cpu",
+           "Creates a cache. `palette`: format names, hottest first (default: the policy's "
+           "palette, else ['fp16']); `policy`: a preset name or a JSON file path.")
+      .def_property_readonly("num_layers", [](const PyCache& c) { return c.geometry().num_layers; })
+      .def_property_readonly("num_kv_heads",
+                             [](const PyCache& c) { return c.geometry().num_kv_heads; })
+      .def_property_readonly("head_dim", [](const PyCache& c) { return c.geometry().head_dim; })
+      .def_property_readonly("block_tokens",
+                             [](const PyCache& c) { return c.geometry().block_tokens; })
+      .def_property_readonly("palette", [](const PyCache& c) {
+        std::vector<std::string> names;
+        for (const FormatSpec& f : c.cache->options().palette) names.push_back(FormatName(f));
+        return names;
+      });
+}
+
+void BindSequences(CacheClass& cache) {
+  cache
+      .def("add_sequence",
+           [](PyCache& c, const py::object& prompt, uint64_t extra_key, int32_t coldest_format,
+              int32_t priority, int64_t priority_ttl_steps) {
+             const std::vector<int32_t> tokens = FromArray<int32_t>(prompt);
+             SequenceOptions o;
+             o.prompt = tokens;
+             o.extra_key = extra_key;
+             o.coldest_format = coldest_format;
+             o.priority = priority;
+             o.priority_ttl_steps = priority_ttl_steps;
+             const AddResult r = Value((*c).AddSequence(o));
+             return py::make_tuple(r.id, r.cached_tokens);
+           },
+           "prompt"_a = py::none(), "extra_key"_a = 0, "coldest_format"_a = -1, "priority"_a = 0,
+           "priority_ttl_steps"_a = -1,
+           "A new sequence attached to the longest cached prefix of `prompt`: (id, cached_tokens).")
+      .def("append",
+           [](PyCache& c, SequenceId seq, int64_t n) {
+             std::vector<int64_t> slots;
+             Check((*c).Append(seq, n, &slots));
+             return ToNumpy(slots);
+           },
+           "seq"_a, "num_tokens"_a, "Reserves slots (int64, page * block_tokens + offset).")
+      .def("append_tokens",
+           [](PyCache& c, SequenceId seq, const py::object& tokens) {
+             std::vector<int64_t> slots;
+             Check((*c).AppendTokens(seq, FromArray<int32_t>(tokens), &slots));
+             return ToNumpy(slots);
+           },
+           "seq"_a, "tokens"_a)
+      .def("append_batch",
+           [](PyCache& c, const std::vector<SequenceId>& batch, const py::object& num_tokens,
+              const py::object& tokens) {
+             std::vector<int64_t> slots;
+             Check((*c).AppendBatch(batch, FromArray<int64_t>(num_tokens),
+                                    FromArray<int32_t>(tokens), &slots));
+             return ToNumpy(slots);
+           },
+           "batch"_a, "num_tokens"_a, "tokens"_a = py::none())
+      .def("fork", [](PyCache& c, SequenceId s) { return Value((*c).Fork(s)); }, "parent"_a)
+      .def("release", [](PyCache& c, SequenceId s) { Check((*c).Release(s)); }, "seq"_a)
+      .def("sequence_length",
+           [](const PyCache& c, SequenceId s) { return Value((*c).SequenceLength(s)); }, "seq"_a)
+      .def("sequence_blocks",
+           [](const PyCache& c, SequenceId s) { return Value((*c).SequenceBlocks(s)); }, "seq"_a)
+      .def("block_info",
+           [](const PyCache& c, BlockId b) {
+             const BlockInfo i = Value((*c).GetBlockInfo(b));
+             static const char* kStates[] = {"free", "in_use", "cached"};
+             return py::dict("state"_a = kStates[static_cast<int>(i.state)], "format"_a = i.format,
+                             "page"_a = i.page, "ref_count"_a = i.ref_count,
+                             "num_tokens"_a = i.num_tokens);
+           },
+           "block"_a);
+}
+
+void BindData(CacheClass& cache) {
+  cache
+      .def("write_kv",
+           [](PyCache& c, int32_t layer, const py::object& slots, const py::object& k,
+              const py::object& v) {
+             const KVSource ks(k, (*c).options().backend), vs(v, (*c).options().backend);
+             const std::vector<int64_t> s = FromArray<int64_t>(slots);
+             Check((*c).WriteKV(layer, s, MakeInput(ks, vs, c.geometry())));
+           },
+           "layer"_a, "slots"_a, "k"_a, "v"_a,
+           "Writes K/V [tokens, num_kv_heads, head_dim]: numpy (float16; other dtypes are "
+           "converted, a copy; CPU backend) or any float16/bfloat16 object with __dlpack__ on "
+           "the cache's device.")
+      .def("read_kv",
+           [](const PyCache& c, SequenceId seq, int32_t layer) {
+             const Geometry& g = c.geometry();
+             const int64_t len = Value((*c).SequenceLength(seq));
+             py::array_t<float> k({len, int64_t{g.num_kv_heads}, int64_t{g.head_dim}});
+             py::array_t<float> v({len, int64_t{g.num_kv_heads}, int64_t{g.head_dim}});
+             Check((*c).ReadKV(seq, layer, absl::MakeSpan(k.mutable_data(), k.size()),
+                               absl::MakeSpan(v.mutable_data(), v.size())));
+             return py::make_tuple(k, v);
+           },
+           "seq"_a, "layer"_a, "K and V decoded to float32, each [length, num_kv_heads, head_dim].")
+      .def("calibrate_tensor_scales",
+           [](PyCache& c, int32_t layer, const py::object& k, const py::object& v) {
+             const KVSource ks(k, (*c).options().backend), vs(v, (*c).options().backend);
+             Check((*c).CalibrateTensorScales(layer, MakeInput(ks, vs, c.geometry())));
+           },
+           "layer"_a, "k"_a, "v"_a)
+      .def("demote",
+           [](PyCache& c, const std::vector<BlockId>& blocks, int32_t format) {
+             Check((*c).Demote(blocks, format));
+           },
+           "blocks"_a, "format"_a)
+      .def("set_policy",
+           [](PyCache& c, const std::string& name_or_path) {
+             Check((*c).SetPolicy(Value(LoadPolicy(name_or_path))));
+           },
+           "policy"_a)
+      .def("end_step", [](PyCache& c) { Check((*c).EndStep()); })
+      .def("check_consistency", [](const PyCache& c) { Check((*c).CheckConsistency()); })
+      .def("stats", [](const PyCache& c) { return StatsDict((*c).GetStats()); })
+      .def("pool",
+           [](const PyCache& c, int32_t format, int32_t layer) {
+             const PoolInfo p = Value((*c).GetPool(format, layer));
+             return py::dict("base"_a = reinterpret_cast<uintptr_t>(p.base),
+                             "page_bytes"_a = p.page_bytes, "capacity_pages"_a = p.capacity_pages,
+                             "k_offset"_a = p.k_offset, "v_offset"_a = p.v_offset,
+                             "row_bytes"_a = p.row_bytes, "k_micro_offset"_a = p.k_micro_offset,
+                             "v_micro_offset"_a = p.v_micro_offset,
+                             "k_scale_offset"_a = p.k_scale_offset,
+                             "v_scale_offset"_a = p.v_scale_offset,
+                             "k_tensor_scale"_a = p.k_tensor_scale,
+                             "v_tensor_scale"_a = p.v_tensor_scale);
+           },
+           "format"_a, "layer"_a);
+}
+
+}  // namespace
+
+void BindCache(CacheClass& cache) {
+  BindShape(cache);
+  BindSequences(cache);
+  BindData(cache);
+}
+
+}  // namespace kvtier::python

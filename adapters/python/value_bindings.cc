@@ -1,0 +1,104 @@
+// SequenceId, BlockId, PageTables, PreparedDecode and TensorView for the module `kvtier`.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+
+#include "adapters/python/bindings.h"
+#include "adapters/python/dlpack.h"
+#include "kvtier/adapters/tensor_view.h"
+#include "kvtier/attention.h"
+#include "kvtier/cache.h"
+#include "kvtier/ids.h"
+#include "kvtier/page_tables.h"
+
+namespace kvtier::python {
+namespace {
+
+using namespace pybind11::literals;
+
+// SequenceId or BlockId: an index and a generation; equal ids hash equally; printed as
+// Name(index/generation).
+template <typename Id>
+void BindId(py::module_& m, const std::string& name) {
+  py::class_<Id>(m, name.c_str())
+      .def_readonly("index", &Id::index)
+      .def_readonly("generation", &Id::generation)
+      .def("__eq__", [](Id a, Id b) { return a == b; })
+      .def("__hash__", [](Id a) { return (uint64_t{a.generation} << 32) | a.index; })
+      .def("__repr__", [name](Id a) {
+        return name + "(" + std::to_string(a.index) + "/" + std::to_string(a.generation) + ")";
+      });
+}
+
+void BindTables(py::module_& m) {
+  py::class_<PageTables>(m, "PageTables",
+                         "One step's page tables (Cache.build_page_tables). Arrays are copies.")
+      .def_property_readonly("batch_size",
+                             [](const PageTables& t) { return t.seq_lens.size(); })
+      .def_property_readonly("seq_lens", [](const PageTables& t) { return ToNumpy(t.seq_lens); })
+      .def_property_readonly("packed_indptr",
+                             [](const PageTables& t) { return ToNumpy(t.packed_indptr); })
+      .def_property_readonly("packed", [](const PageTables& t) { return ToNumpy(t.packed); })
+      .def_property_readonly("per_format", [](const PageTables& t) {
+        py::list out;
+        for (const FormatPageTable& f : t.per_format) {
+          out.append(py::dict("indptr"_a = ToNumpy(f.indptr), "indices"_a = ToNumpy(f.indices),
+                              "last_page_len"_a = ToNumpy(f.last_page_len)));
+        }
+        return out;
+      });
+
+  py::class_<PreparedDecode>(m, "PreparedDecode",
+                             "A decode step's page tables, checked and (on CUDA) on the device: "
+                             "Cache.prepare_decode")
+      .def_property_readonly("batch", &PreparedDecode::batch);
+
+}
+
+void BindTensorView(py::module_& m) {
+  py::class_<PyTensorView>(m, "TensorView",
+                           "A pool view without a copy. numpy.from_dlpack / torch.from_dlpack "
+                           "read it; FP8 and FP4 arrive as uint8 (see `dtype`).")
+      .def_property_readonly("dtype",
+                             [](const PyTensorView& v) { return ViewDTypeName(v.view.dtype); })
+      .def_property_readonly("shape",
+                             [](const PyTensorView& v) {
+                               return py::tuple(py::cast(v.view.shape));
+                             })
+      .def_property_readonly("strides",
+                             [](const PyTensorView& v) {
+                               return py::tuple(py::cast(v.view.strides));
+                             })
+      .def_property_readonly("data_ptr",
+                             [](const PyTensorView& v) {
+                               return reinterpret_cast<uintptr_t>(v.view.data);
+                             })
+      .def_property_readonly("device", [](const PyTensorView& v) {
+        return v.view.device == BackendKind::kCuda ? "cuda:" + std::to_string(v.view.device_id)
+                                                    : std::string("cpu");
+      })
+      .def("__dlpack__", [](const PyTensorView& v, py::args, py::kwargs) { return v.Capsule(); })
+      .def("__dlpack_device__", [](const PyTensorView& v) {
+        return py::make_tuple(v.view.device == BackendKind::kCuda ? 2 : 1, v.view.device_id);
+      })
+      .def("__repr__", [](const PyTensorView& v) {
+        std::string s =
+            "TensorView(dtype=" + std::string(ViewDTypeName(v.view.dtype)) + ", shape=(";
+        for (int64_t x : v.view.shape) s += std::to_string(x) + ",";
+        return s + "))";
+      });
+}
+
+}  // namespace
+
+void BindValueTypes(py::module_& m) {
+  BindId<SequenceId>(m, "SequenceId");
+  BindId<BlockId>(m, "BlockId");
+  BindTables(m);
+  BindTensorView(m);
+}
+
+}  // namespace kvtier::python
