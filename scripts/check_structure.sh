@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-enforce=${KVTIER_STRUCTURE_ENFORCE:-0}  # ENFORCE-DEFAULT: 0 reports, 1 fails on findings
+enforce=${KVTIER_STRUCTURE_ENFORCE:-1}  # ENFORCE-DEFAULT: 0 reports, 1 fails on findings
 python=${KVTIER_PYTHON:-/usr/bin/python3}
 max_file_lines=500
 max_function_lines=80
