@@ -75,6 +75,18 @@ PageStore::PageStore(const Options& options, Backend* backend, Memory memory)
 }
 
 PageStore::~PageStore() {
+  // Host slabs stay page-locked while mapped (CUDA backend): release them before their range,
+  // or a later reservation at the same address could not be registered again.
+  if (memory_ == Memory::kHost) {
+    for (int f = 0; f < num_formats(); ++f) {
+      for (uint32_t slot = 0; slot < pools_[f].num_slots(); ++slot) {
+        if (!pools_[f].IsMapped(slot)) continue;
+        for (int l = 0; l < options_.geometry.num_layers; ++l) {
+          UnmapMemory(SlotAddress(f, l, slot)).IgnoreError();
+        }
+      }
+    }
+  }
   for (uint8_t* base : bases_) {
     if (memory_ == Memory::kHost) {
       backend_->UnreserveHost(base, range_bytes_);

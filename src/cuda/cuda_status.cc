@@ -66,6 +66,9 @@ const Loaded& Driver() {
 
 absl::Status CudaStatus(cudaError_t error, const char* call) {
   if (error == cudaSuccess) return absl::OkStatus();
+  // The runtime also keeps a failed call's error as the thread's last error: consume it here,
+  // so that the next kernel launch's cudaGetLastError does not report this failure again.
+  cudaGetLastError();
   return Error(error == cudaErrorMemoryAllocation, call, cudaGetErrorName(error),
                cudaGetErrorString(error));
 }

@@ -102,7 +102,8 @@ TEST_F(HostTierGpuTest, PageBytesAreIdenticalAfterARoundTripInEveryFormat) {
     std::vector<BlockId> blocks = cache_->SequenceBlocks(seq).value();
     blocks.pop_back();  // the partial tail
     if (f > 0) {
-      ASSERT_TRUE(cache_->Demote(blocks, f).ok());
+      const absl::Status demoted = cache_->Demote(blocks, f);
+      ASSERT_TRUE(demoted.ok()) << demoted;
     }
     std::vector<std::vector<uint8_t>> before;
     for (BlockId b : blocks) {
