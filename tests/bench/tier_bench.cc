@@ -73,7 +73,11 @@ TierResult Measure(const Options& base, int format) {
   cache->AppendTokens(p, prompt, &slots).IgnoreError();
   std::vector<BlockId> blocks = cache->SequenceBlocks(p).value();
   blocks.pop_back();
-  if (format > 0) cache->Demote(blocks, format).IgnoreError();
+  if (format > 0) {
+    if (const absl::Status s = cache->Demote(blocks, format); !s.ok()) {
+      std::fprintf(stderr, "%s: Demote failed: %s\n", r.format.c_str(), s.ToString().c_str());
+    }
+  }
   cache->Release(p).IgnoreError();
   cache->EndStep().IgnoreError();
   // F1 takes every free page; F2 needs P's pages (FP16) or the slabs P holds (colder formats),

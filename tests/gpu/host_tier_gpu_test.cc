@@ -129,6 +129,10 @@ TEST_F(HostTierGpuTest, PageBytesAreIdenticalAfterARoundTripInEveryFormat) {
       for (int l = 0; l < 2; ++l) ASSERT_EQ(PageBytes(b, l), before[i++]) << "format " << f;
     }
     ASSERT_TRUE(cache_->Release(hit.id).ok());
+    // The pages freed above (the filler's among them) return to their slabs once the step's
+    // fence has passed: the next format's demotion needs those slabs.
+    ASSERT_TRUE(cache_->EndStep().ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ASSERT_TRUE(cache_->EndStep().ok());
   }
   const CacheStats s = cache_->GetStats();
