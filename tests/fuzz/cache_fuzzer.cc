@@ -63,13 +63,18 @@ Options MakeOptions(FuzzedDataProvider& in) {
   o.palette.push_back(*ParseFormat(in.PickValueInArray({"fp16", "bf16", "fp8_e4m3/tensor"})));
   for (int f = 1; f < formats; ++f) o.palette.push_back(*ParseFormat(in.PickValueInArray(kFormats)));
   o.memory_budget_bytes = o.slab_bytes * o.geometry.num_layers * in.ConsumeIntegralInRange<int>(1, 4);
+  if (in.ConsumeBool()) {  // a host tier below the pools, sometimes storing a colder format
+    o.host_tier_bytes = o.slab_bytes * o.geometry.num_layers * in.ConsumeIntegralInRange<int>(1, 3);
+    o.host_tier_format = in.ConsumeIntegralInRange<int32_t>(-1, formats - 1);
+  }
   if (in.ConsumeIntegralInRange<int>(0, 15) == 0) {  // hostile options: Create must refuse cleanly
-    switch (in.ConsumeIntegralInRange<int>(0, 5)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 6)) {
       case 0: o.memory_budget_bytes = in.ConsumeIntegral<size_t>(); break;
       case 1: o.backend = static_cast<BackendKind>(in.ConsumeIntegral<uint8_t>()); break;
       case 2: o.palette.back().k.type = static_cast<ElementType>(in.ConsumeIntegral<uint8_t>()); break;
       case 3: o.slab_bytes = in.ConsumeIntegral<size_t>(); break;
       case 4: o.geometry.head_dim = in.ConsumeIntegral<int32_t>(); break;
+      case 5: o.host_tier_format = in.ConsumeIntegral<int32_t>(); break;
       default: o.k_tensor_amax.assign(o.geometry.num_layers, in.ConsumeFloatingPoint<float>());
     }
   }
@@ -155,8 +160,11 @@ absl::Status Fuzz::AddSequence() {
   o.priority = in_.ConsumeIntegralInRange<int32_t>(-1, 8);
   o.priority_ttl_steps = in_.ConsumeBool() ? -1 : Count(in_);
   absl::StatusOr<AddResult> added = cache_->AddSequence(o);
-  if (added.ok()) seqs_.push_back(added->id);
-  return added.status();
+  if (!added.ok()) return added.status();
+  seqs_.push_back(added->id);
+  if (added->host_tokens > added->cached_tokens) Fail("host hit beyond the prefix hit", "");
+  if (!cache_->FencePassed(added->ready_fence).ok()) Fail("ready fence refused", "");
+  return absl::OkStatus();
 }
 
 absl::Status Fuzz::Append(int op) {
