@@ -75,6 +75,23 @@ struct RequantizeParams {
 // EncodeBlockHead do. A warp handles one (layer, block, head, K/V side).
 cudaError_t LaunchRequantize(const RequantizeParams& p, cudaStream_t stream);
 
+// Copies page src_pages[i] of layers[l].src to page dst_pages[i] of layers[l].dst, bytes as
+// they are (the host tier's offload and onload; scales unused), in one launch for every layer
+// and page. Either side may be pinned host memory mapped into the device's address space: the
+// copy is done by the SMs with 16-byte accesses, so scattered pages move as fast as one large
+// copy. REQUIRES: page_bytes a multiple of 16; pool bases 16-byte aligned.
+struct CopyPagesParams {
+  const LayerPools* layers = nullptr;   // device [num_layers]
+  const uint32_t* src_pages = nullptr;  // device [num_pages]
+  const uint32_t* dst_pages = nullptr;  // device [num_pages]
+  uint32_t page_bytes = 0;
+  int32_t num_layers = 0;
+  int32_t num_pages = 0;
+  int num_sms = 0;  // multiprocessors of the device. REQUIRES: > 0
+};
+
+cudaError_t LaunchCopyPages(const CopyPagesParams& p, cudaStream_t stream);
+
 // Decodes tokens [0, num_tokens) of one page into k and v, device [num_tokens, heads,
 // head_dim] floats, with page_codec.h's DecodeRow.
 struct ReadPageParams {

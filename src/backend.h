@@ -63,10 +63,11 @@ class Backend {
   virtual void UnreserveHost(uint8_t* base, size_t bytes) = 0;
   virtual absl::Status MapHost(uint8_t* addr, size_t bytes) = 0;
   virtual absl::Status UnmapHost(uint8_t* addr, size_t bytes) = 0;
-  // Copies page src_pages[i] of `from` to page dst_pages[i] of `to`, for one layer; one pool
-  // may be in host-tier memory. Ordered with every other call: complete by the next fence.
-  // REQUIRES: equal layouts; src_pages.size() == dst_pages.size().
-  virtual absl::Status CopyPages(const PoolView& from, const PoolView& to,
+  // Copies page src_pages[i] of `from[layer]` to page dst_pages[i] of `to[layer]` in every
+  // layer, as one batch; one side may be host-tier memory. Ordered with every other call:
+  // complete by the next fence. REQUIRES: from.size() == to.size(); equal layouts in every
+  // pool; src_pages.size() == dst_pages.size().
+  virtual absl::Status CopyPages(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
                                  absl::Span<const uint32_t> src_pages,
                                  absl::Span<const uint32_t> dst_pages) = 0;
 

@@ -64,26 +64,28 @@ uint64_t BlockPool::RoomAfterEvictingAll(int format) const {
 }
 
 absl::Status BlockPool::EnsureFreePages(int format, uint32_t count, bool may_evict) {
-  auto short_of_slabs = [&] {
-    return pages_->SlabsNeeded(format, count) > pages_->AvailableSlabs(format);
+  auto short_of_slabs = [&](bool after_reclaim) {
+    return pages_->SlabsNeeded(format, count, after_reclaim) >
+           pages_->AvailableSlabs(format, after_reclaim);
   };
-  if (short_of_slabs()) {
-    // Fail before evicting anything when even evicting every evictable block could not make
-    // room (an exact count, so a refusal never evicts).
-    const bool could_fit = RoomAfterEvictingAll(format) >= count;
-    int64_t evicted = 0;
-    while (may_evict && could_fit && short_of_slabs() && EvictOne()) {
-      evicted += 1;
-      KVTIER_RETURN_IF_ERROR(pages_->ReclaimAll());
-    }
-    if (short_of_slabs()) {
-      metrics_->allocation_failures += 1;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "need ", count, " pages of ", FormatName(pages_->options().palette[format]),
-          " but only ", pages_->pool(format).free_pages(), " are free and ",
-          pages_->AvailableSlabs(format), " slabs available after evicting ", evicted,
-          " cached blocks"));
-    }
+  if (!short_of_slabs(false)) return pages_->MapSlabs(format, count);
+  // Fail before evicting anything when even evicting every evictable block could not make
+  // room (an exact count, so a refusal never evicts).
+  int64_t evicted = 0;
+  if (RoomAfterEvictingAll(format) >= count) {
+    // Victims until the retired pages would make room; their copies to the host tier go in
+    // one batch, then one wait for the device returns the pages.
+    while (may_evict && short_of_slabs(true) && EvictOne()) evicted += 1;
+    FlushOffloads();
+    if (!short_of_slabs(true)) KVTIER_RETURN_IF_ERROR(pages_->ReclaimAll());
+  }
+  if (short_of_slabs(false)) {
+    metrics_->allocation_failures += 1;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "need ", count, " pages of ", FormatName(pages_->options().palette[format]),
+        " but only ", pages_->pool(format).free_pages(), " are free and ",
+        pages_->AvailableSlabs(format), " slabs available after evicting ", evicted,
+        " cached blocks"));
   }
   return pages_->MapSlabs(format, count);
 }
@@ -92,7 +94,10 @@ bool BlockPool::EvictOne() {
   const uint32_t b = evictor_.PopVictim(metrics_->steps);
   if (b == Evictor::kNone) return false;
   if (host_ == nullptr || !Offload(b)) {
-    if (blocks_[b].offloaded_children > 0) DropOffloadedDescendants(b);
+    if (blocks_[b].offloaded_children > 0) {
+      FlushOffloads();  // its offloaded children may still be on their way down
+      DropOffloadedDescendants(b);
+    }
     Drop(b);
   }
   return true;

@@ -116,9 +116,14 @@ class BlockPool {
   }
 
   // Host tier (host_tier.cc).
-  // Copies the cached device leaf `block` into the host tier; false, with nothing changed,
-  // when the host tier has no room for it or a copy fails.
+  // Moves the cached device leaf `block` to a page of the host tier; false, with nothing
+  // changed, when the host tier has no room for it. Its copy waits in `offloads_` (the block
+  // pinned, outside both evictors) until FlushOffloads.
   bool Offload(uint32_t block);
+  // Issues the waiting offload copies, one batch per pair of formats, and makes their blocks
+  // evictable in the host tier; a block whose copy fails is dropped with its offloaded
+  // descendants.
+  void FlushOffloads();
   // Drops the offloaded blocks below the cached device block `block`, for dropping it.
   void DropOffloadedDescendants(uint32_t block);
   // Makes one page of `format` allocatable in the host tier, dropping offloaded leaves.
@@ -148,6 +153,10 @@ class BlockPool {
   Evictor evictor_;       // cached device leaves
   Evictor host_evictor_;  // offloaded leaves
   std::vector<uint32_t> cached_by_format_;  // [format]
+  struct PendingOffload {
+    uint32_t block, from_format, src_page;
+  };
+  std::vector<PendingOffload> offloads_;  // in order of offload; empty outside EnsureFreePages
 };
 
 }  // namespace kvtier

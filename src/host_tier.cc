@@ -15,19 +15,12 @@ namespace kvtier {
 absl::Status BlockPool::CopyBetween(const PageStore& from, int from_format,
                                     absl::Span<const uint32_t> src, const PageStore& to,
                                     int to_format, absl::Span<const uint32_t> dst) {
-  const int layers = pages_->options().geometry.num_layers;
-  if (from_format == to_format) {
-    for (int l = 0; l < layers; ++l) {
-      KVTIER_RETURN_IF_ERROR(
-          backend_->CopyPages(from.View(from_format, l), to.View(to_format, l), src, dst));
-    }
-    return absl::OkStatus();
-  }
   std::vector<PoolView> from_views, to_views;
-  for (int l = 0; l < layers; ++l) {
+  for (int l = 0; l < pages_->options().geometry.num_layers; ++l) {
     from_views.push_back(from.View(from_format, l));
     to_views.push_back(to.View(to_format, l));
   }
+  if (from_format == to_format) return backend_->CopyPages(from_views, to_views, src, dst);
   return backend_->Requantize(from_views, to_views, src, dst);
 }
 
@@ -36,8 +29,7 @@ bool BlockPool::MakeHostRoom(int format) {
     const uint32_t victim = host_evictor_.PopVictim(metrics_->steps);
     if (victim == Evictor::kNone) return false;
     metrics_->host.evicted_blocks += 1;
-    Drop(victim);
-    if (!host_->ReclaimAll().ok()) return false;
+    Drop(victim);  // its host page is free at once (page_store.h)
   }
   return host_->MapSlabs(format, 1).ok();
 }
@@ -54,29 +46,63 @@ bool BlockPool::Offload(uint32_t block) {
     metrics_->host.offload_failures += 1;
     return false;
   }
-  const uint32_t host_page = host_->Allocate(format, block);
-  const absl::Status copied =
-      CopyBetween(*pages_, m.format, {&m.page, 1}, *host_, format, {&host_page, 1});
-  if (!copied.ok()) {
-    host_->Retire(format, host_page);  // a copy may still be writing it
-    host_->RetireSynchronous();
-    metrics_->host.offload_failures += 1;
-    return false;
-  }
+  // The device page stays retired (unreused) until the copy has run: ReclaimAll waits for it.
+  offloads_.push_back({block, m.format, m.page});
   pages_->Retire(m.format, m.page);
   cached_by_format_[m.format] -= 1;
   m.format = static_cast<uint8_t>(format);
-  m.page = host_page;
+  m.page = host_->Allocate(format, block);
+  m.state = BlockState::kOffloaded;
+  m.ref_count = 1;  // pinned, out of the host evictor, until FlushOffloads
   if (m.parent != kNone) {
     blocks_[m.parent].children -= 1;
     blocks_[m.parent].offloaded_children += 1;
     Relink(m.parent);
   }
-  MakeCached(block, BlockState::kOffloaded);
-  metrics_->host.offloaded_blocks += 1;
-  metrics_->host.bytes_offloaded +=
-      int64_t{host_->layout(format).page_bytes} * pages_->options().geometry.num_layers;
   return true;
+}
+
+void BlockPool::FlushOffloads() {
+  if (offloads_.empty()) return;
+  // One batch of copies per (device format, host format) pair, in offload order within it.
+  std::vector<size_t> order(offloads_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto pair_of = [&](size_t i) {
+    return std::make_pair(offloads_[i].from_format, uint32_t{blocks_[offloads_[i].block].format});
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return pair_of(a) < pair_of(b); });
+  std::vector<bool> failed(offloads_.size(), false);
+  for (size_t start = 0, end; start < order.size(); start = end) {
+    std::vector<uint32_t> src, dst;
+    for (end = start; end < order.size() && pair_of(order[end]) == pair_of(order[start]); ++end) {
+      src.push_back(offloads_[order[end]].src_page);
+      dst.push_back(blocks_[offloads_[order[end]].block].page);
+    }
+    const auto [from, to] = pair_of(order[start]);
+    if (!CopyBetween(*pages_, static_cast<int>(from), src, *host_, static_cast<int>(to), dst).ok()) {
+      for (size_t i = start; i < end; ++i) failed[order[i]] = true;
+    }
+  }
+  const int64_t layers = pages_->options().geometry.num_layers;
+  for (size_t i = 0; i < offloads_.size(); ++i) {
+    const uint32_t b = offloads_[i].block;
+    blocks_[b].ref_count = 0;
+    MakeCached(b, BlockState::kOffloaded);
+    if (failed[i]) continue;
+    metrics_->host.offloaded_blocks += 1;
+    metrics_->host.bytes_offloaded += int64_t{host_->layout(blocks_[b].format).page_bytes} * layers;
+  }
+  // A failed block leaves the index with its offloaded descendants (chains stay rooted);
+  // children go down before their parents, so a failed parent finds them committed.
+  for (size_t i = 0; i < offloads_.size(); ++i) {
+    const uint32_t b = offloads_[i].block;
+    if (!failed[i] || blocks_[b].state != BlockState::kOffloaded) continue;
+    metrics_->host.offload_failures += 1;
+    DropOffloadedDescendants(b);
+    Drop(b);
+  }
+  offloads_.clear();
 }
 
 size_t BlockPool::Acquire(absl::Span<const uint32_t> chain, int64_t* onloaded,
@@ -168,7 +194,6 @@ absl::Status BlockPool::Onload(absl::Span<const uint32_t> blocks) {
     metrics_->host.onloaded_blocks += 1;
     metrics_->host.bytes_onloaded += int64_t{pages_->layout(m.format).page_bytes} * layers;
   }
-  host_->RetireSynchronous();
   return absl::OkStatus();
 }
 

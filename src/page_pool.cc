@@ -71,6 +71,7 @@ uint32_t PagePool::Allocate(uint32_t owner) {
     Unlink(slot);
   }
   Slot& s = slots_[slot];
+  reclaimable_slots_ -= Reclaimable(s);
   const uint32_t page = s.free_head;
   s.free_head = next_free_[page];
   s.used += 1;
@@ -84,9 +85,15 @@ void PagePool::Free(uint32_t page) {
   const uint32_t slot = SlotOfPage(page);
   Slot& s = slots_[slot];
   if (s.used < PagesInSlot(slot)) Unlink(slot);
+  reclaimable_slots_ -= Reclaimable(s);
+  if (owner_[page] == kPending) {
+    s.pending -= 1;
+    pending_pages_ -= 1;
+  }
   next_free_[page] = s.free_head;
   s.free_head = page;
   s.used -= 1;
+  reclaimable_slots_ += Reclaimable(s);
   owner_[page] = kNone;
   free_pages_ += 1;
   if (s.used == 0) {
@@ -94,6 +101,15 @@ void PagePool::Free(uint32_t page) {
   } else {
     Link(slot);
   }
+}
+
+void PagePool::Retire(uint32_t page) {
+  Slot& s = slots_[SlotOfPage(page)];
+  reclaimable_slots_ -= Reclaimable(s);
+  owner_[page] = kPending;
+  s.pending += 1;
+  pending_pages_ += 1;
+  reclaimable_slots_ += Reclaimable(s);
 }
 
 void PagePool::Link(uint32_t slot) {
@@ -133,7 +149,7 @@ void PagePool::PopEmpty(uint32_t slot) {
 }
 
 absl::Status PagePool::CheckConsistency() const {
-  uint32_t free_total = 0, mapped_pages = 0, mapped_slots = 0;
+  uint32_t free_total = 0, mapped_pages = 0, mapped_slots = 0, pending_total = 0, reclaimable = 0;
   for (uint32_t slot = 0; slot < num_slots(); ++slot) {
     const Slot& s = slots_[slot];
     uint32_t free_here = 0;
@@ -145,8 +161,17 @@ absl::Status PagePool::CheckConsistency() const {
         return absl::InternalError(absl::StrCat("slot ", slot, ": free list has a cycle"));
       }
     }
-    uint32_t owned = 0;
-    for (uint32_t p = slot_begin_[slot]; p < slot_end_[slot]; ++p) owned += owner_[p] != kNone;
+    uint32_t owned = 0, pending = 0;
+    for (uint32_t p = slot_begin_[slot]; p < slot_end_[slot]; ++p) {
+      owned += owner_[p] != kNone;
+      pending += owner_[p] == kPending;
+    }
+    if (pending != s.pending) {
+      return absl::InternalError(absl::StrCat("slot ", slot, ": ", pending, " pending pages, counted ",
+                                              s.pending));
+    }
+    pending_total += pending;
+    reclaimable += Reclaimable(s);
     if (!s.mapped) {
       if (owned != 0 || free_here != 0) {
         return absl::InternalError(absl::StrCat("slot ", slot, " is unmapped but has pages"));
@@ -172,7 +197,8 @@ absl::Status PagePool::CheckConsistency() const {
       }
     }
   }
-  if (free_total != free_pages_ || mapped_pages != mapped_pages_ || mapped_slots != mapped_slots_) {
+  if (free_total != free_pages_ || mapped_pages != mapped_pages_ || mapped_slots != mapped_slots_ ||
+      pending_total != pending_pages_ || reclaimable != reclaimable_slots_) {
     return absl::InternalError("pool totals disagree with its slots");
   }
   return absl::OkStatus();

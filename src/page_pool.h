@@ -39,6 +39,10 @@ class PagePool {
   uint32_t SlotOfPage(uint32_t page) const;
 
   uint32_t free_pages() const { return free_pages_; }
+  // Used pages retired (owner kPending): free once their fence has passed.
+  uint32_t pending_pages() const { return pending_pages_; }
+  // Mapped slots whose used pages are all pending (and at least one is): empty once reclaimed.
+  uint32_t reclaimable_slots() const { return reclaimable_slots_; }
   uint32_t used_pages() const { return mapped_pages_ - free_pages_; }
   uint32_t mapped_pages() const { return mapped_pages_; }
   uint32_t mapped_slots() const { return mapped_slots_; }
@@ -59,10 +63,13 @@ class PagePool {
   uint32_t Allocate(uint32_t owner);
   // Returns a used page to its slab. REQUIRES: the page is used (owned or pending).
   void Free(uint32_t page);
+  // Marks an owned page pending (retired, awaiting its fence). REQUIRES: owned by a block.
+  void Retire(uint32_t page);
 
   // The owner of a page: a block index, kPending, or kNone when free or unmapped.
   uint32_t Owner(uint32_t page) const { return owner_[page]; }
-  void SetOwner(uint32_t page, uint32_t owner) { owner_[page] = owner; }
+  // Overwrites an owner without bookkeeping: for tests that corrupt a pool on purpose.
+  void SetOwnerForTest(uint32_t page, uint32_t owner) { owner_[page] = owner; }
 
   // Verifies free lists, per-slot counts and bucket membership. O(pages).
   absl::Status CheckConsistency() const;
@@ -71,6 +78,7 @@ class PagePool {
   struct Slot {
     bool mapped = false;
     uint32_t used = 0;
+    uint32_t pending = 0;  // of the used pages
     uint32_t free_head = kNone;  // free pages linked through next_free_
     uint32_t prev = kNone;       // neighbours in the bucket of slots with equal free count
     uint32_t next = kNone;
@@ -78,6 +86,7 @@ class PagePool {
   };
 
   uint32_t FreeCount(uint32_t slot) const { return PagesInSlot(slot) - slots_[slot].used; }
+  static bool Reclaimable(const Slot& s) { return s.used > 0 && s.pending == s.used; }
   // Partially used slots live in buckets_[free count]; empty and full slots in none.
   void Link(uint32_t slot);
   void Unlink(uint32_t slot);
@@ -97,6 +106,8 @@ class PagePool {
   std::vector<uint32_t> empty_;            // mapped slots with no used page
   std::vector<uint32_t> unmapped_;         // stack of unmapped slots
   uint32_t free_pages_ = 0;
+  uint32_t pending_pages_ = 0;
+  uint32_t reclaimable_slots_ = 0;
   uint32_t mapped_pages_ = 0;
   uint32_t mapped_slots_ = 0;
 };

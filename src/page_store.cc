@@ -150,10 +150,10 @@ absl::Status PageStore::UnmapSlot(int format, uint32_t slot) {
   return status;
 }
 
-uint32_t PageStore::AvailableSlabs(int format) const {
+uint32_t PageStore::AvailableSlabs(int format, bool after_reclaim) const {
   uint32_t available = free_slabs_;
   for (int g = 0; g < num_formats(); ++g) {
-    if (g != format) available += pools_[g].empty_slots();
+    if (g != format) available += pools_[g].empty_slots() + (after_reclaim ? pools_[g].reclaimable_slots() : 0);
   }
   return available;
 }
@@ -163,10 +163,11 @@ uint64_t PageStore::RoomFor(int format) const {
   return pool.free_pages() + uint64_t{AvailableSlabs(format)} * pool.MinPagesPerSlot();
 }
 
-uint32_t PageStore::SlabsNeeded(int format, uint32_t count) const {
+uint32_t PageStore::SlabsNeeded(int format, uint32_t count, bool after_reclaim) const {
   const PagePool& pool = pools_[format];
   const uint32_t per_slab = pool.MinPagesPerSlot();
-  return pool.free_pages() >= count ? 0u : (count - pool.free_pages() + per_slab - 1) / per_slab;
+  const uint32_t free = pool.free_pages() + (after_reclaim ? pool.pending_pages() : 0);
+  return free >= count ? 0u : (count - free + per_slab - 1) / per_slab;
 }
 
 absl::Status PageStore::MapSlabs(int format, uint32_t count) {
@@ -191,7 +192,11 @@ absl::Status PageStore::MapSlabs(int format, uint32_t count) {
 }
 
 void PageStore::Retire(int format, uint32_t page) {
-  pools_[format].SetOwner(page, PagePool::kPending);
+  if (memory_ == Memory::kHost) {  // stream-ordered: see the header
+    pools_[format].Free(page);
+    return;
+  }
+  pools_[format].Retire(page);
   reclaim_.Push(static_cast<uint8_t>(format), page);
 }
 

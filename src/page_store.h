@@ -4,8 +4,9 @@
 //
 // Each palette format has one PagePool whose page index means the same page in every layer;
 // each (format, layer) pool is one reserved range, so a base pointer and a stride describe it
-// whatever slabs are mapped. A freed page is retired, not freed: it returns to its pool once
-// the fence of the step that freed it has passed.
+// whatever slabs are mapped. A freed device page is retired, not freed: it returns to its pool
+// once the fence of the step that freed it has passed. A host-tier page is reused at once: only
+// the backend's own copies (CopyPages, Requantize) touch host-tier pages, in stream order.
 //
 // Thread-compatible: the cache's mutex guards it.
 #ifndef KVTIER_SRC_PAGE_STORE_H_
@@ -53,10 +54,12 @@ class PageStore {
 
   // Pages of `format` allocatable now without eviction.
   uint64_t RoomFor(int format) const;
-  // Slabs that `format`'s pool still needs to hold `count` free pages.
-  uint32_t SlabsNeeded(int format, uint32_t count) const;
-  // Slabs obtainable now for `format`'s pool: free, or empty in another pool.
-  uint32_t AvailableSlabs(int format) const;
+  // Slabs that `format`'s pool still needs to hold `count` free pages; with `after_reclaim`,
+  // once every retired page has returned to its pool (ReclaimAll).
+  uint32_t SlabsNeeded(int format, uint32_t count, bool after_reclaim = false) const;
+  // Slabs obtainable for `format`'s pool: free, or empty in another pool (now, or with
+  // `after_reclaim` once every retired page has returned).
+  uint32_t AvailableSlabs(int format, bool after_reclaim = false) const;
   // Maps SlabsNeeded(format, count) slabs into `format`'s pool, taking empty slabs from other
   // pools when none is free. REQUIRES: SlabsNeeded(format, count) <= AvailableSlabs(format).
   // On a backend failure the slabs it mapped return to the budget (other pools' empty slabs
@@ -67,7 +70,8 @@ class PageStore {
   uint32_t Allocate(int format, uint32_t owner) { return pools_[format].Allocate(owner); }
   // Returns a page that no device work has touched to its pool at once.
   void FreeNow(int format, uint32_t page) { pools_[format].Free(page); }
-  // Queues a page for reclamation: it is reused once the device can no longer read it.
+  // Queues a page for reclamation: it is reused once the device can no longer read it (a
+  // host-tier page at once).
   void Retire(int format, uint32_t page);
   // Returns retired pages at once on a synchronous backend; no-op otherwise.
   void RetireSynchronous();

@@ -31,6 +31,9 @@ struct Faults {
   bool fences_pass = true;
   // Calls that failed because of a fault above.
   int64_t injected = 0;
+  // Calls made (whether they failed or not).
+  int64_t copy_pages_calls = 0;
+  int64_t fences_recorded = 0;
 };
 
 class FaultBackend final : public Backend {
@@ -77,14 +80,16 @@ class FaultBackend final : public Backend {
   absl::Status UnmapHost(uint8_t* addr, size_t bytes) override {
     return cpu_->UnmapHost(addr, bytes);
   }
-  absl::Status CopyPages(const PoolView& from, const PoolView& to,
+  absl::Status CopyPages(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
                          absl::Span<const uint32_t> src_pages,
                          absl::Span<const uint32_t> dst_pages) override {
+    faults_->copy_pages_calls += 1;
     if (faults_->fail_copy_pages) return Injected("CopyPages");
     return cpu_->CopyPages(from, to, src_pages, dst_pages);
   }
   bool synchronous() const override { return !faults_->asynchronous; }
   absl::StatusOr<uint64_t> RecordFence() override {
+    faults_->fences_recorded += 1;
     if (faults_->fail_record_fence) return Injected("RecordFence");
     return ++fences_;
   }

@@ -144,6 +144,28 @@ TEST_F(HostTierTest, EvictedBlocksAreOffloadedAndAPrefixHitBringsThemBackIntact)
   EXPECT_EQ(s.host.blocks, 4);
 }
 
+// Eviction that makes room for one append moves all its victims down in one batch of copies
+// and waits for the device once, on an asynchronous backend too.
+TEST_F(HostTierTest, TheBlocksOneAppendEvictsGoDownInOneBatchWithOneWait) {
+  faults_->asynchronous = true;
+  Create(TierOptions());
+  const std::vector<int32_t> a = Tokens(8 * kBlock + 1, 1000);
+  Serve(a);
+  Serve(Tokens(8 * kBlock + 1, 9000));  // a second chain: victims from two chains
+  ASSERT_TRUE(cache_->EndStep().ok());
+  const int64_t copies = faults_->copy_pages_calls, fences = faults_->fences_recorded;
+  const SequenceId big = Compute(Tokens(kDeviceBlocks * kBlock, 50000));
+  const CacheStats s = cache_->GetStats();
+  EXPECT_EQ(s.host.offloaded_blocks, 16);
+  EXPECT_EQ(faults_->copy_pages_calls - copies, 1);
+  EXPECT_EQ(faults_->fences_recorded - fences, 1);
+  ASSERT_TRUE(cache_->Release(big).ok());
+  const AddResult hit = Match(a);
+  EXPECT_EQ(hit.host_tokens, 8 * kBlock);
+  EXPECT_NE(hit.ready_fence, 0u);
+  ExpectValues(hit.id, a, 8 * kBlock);
+}
+
 TEST_F(HostTierTest, APrefixMatchesAcrossBothTiersInOneChain) {
   const std::vector<int32_t> a = Tokens(8 * kBlock + 1, 1000);
   Serve(a);

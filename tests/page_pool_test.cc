@@ -1,6 +1,7 @@
 #include "src/page_pool.h"
 
 #include <set>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -56,9 +57,34 @@ TEST(PagePoolTest, OwnersAndCounts) {
     EXPECT_EQ(pool.Owner(p), i);
   }
   EXPECT_EQ(pool.used_pages(), 256u);
-  pool.SetOwner(*seen.begin(), PagePool::kPending);
+  pool.Retire(*seen.begin());
+  EXPECT_EQ(pool.pending_pages(), 1u);
   pool.Free(*seen.begin());
   EXPECT_EQ(pool.Owner(*seen.begin()), PagePool::kNone);
+  EXPECT_EQ(pool.pending_pages(), 0u);
+  EXPECT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
+}
+
+// A slot whose used pages are all retired is counted reclaimable: empty once they are freed.
+TEST(PagePoolTest, CountsSlotsThatReclamationWouldEmpty) {
+  PagePool pool(8192, kSlab, 2);  // 256 pages per slot
+  pool.AddSlot(pool.UnmappedSlot());
+  std::vector<uint32_t> pages;
+  for (uint32_t i = 0; i < 3; ++i) pages.push_back(pool.Allocate(i));
+  pool.Retire(pages[0]);
+  pool.Retire(pages[1]);
+  EXPECT_EQ(pool.pending_pages(), 2u);
+  EXPECT_EQ(pool.reclaimable_slots(), 0u);  // one page still owned
+  pool.Free(pages[2]);
+  EXPECT_EQ(pool.reclaimable_slots(), 1u);
+  const uint32_t again = pool.Allocate(7);  // the slot has owned pages again
+  EXPECT_EQ(pool.reclaimable_slots(), 0u);
+  pool.Retire(again);
+  EXPECT_EQ(pool.reclaimable_slots(), 1u);
+  EXPECT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
+  for (uint32_t p : {pages[0], pages[1], again}) pool.Free(p);
+  EXPECT_EQ(pool.reclaimable_slots(), 0u);
+  EXPECT_EQ(pool.empty_slots(), 1u);
   EXPECT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
 }
 
@@ -66,7 +92,7 @@ TEST(PagePoolTest, CheckerFindsACorruptOwner) {
   PagePool pool(8192, kSlab, 1);
   pool.AddSlot(pool.UnmappedSlot());
   const uint32_t p = pool.Allocate(5);
-  pool.SetOwner(p, PagePool::kNone);  // a used page that claims to be free
+  pool.SetOwnerForTest(p, PagePool::kNone);  // a used page that claims to be free
   EXPECT_EQ(pool.CheckConsistency().code(), absl::StatusCode::kInternal);
 }
 

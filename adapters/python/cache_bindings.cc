@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,6 +74,14 @@ py::dict StatsDict(const CacheStats& s) {
   d["block_lifetime_seconds"] = HistogramDict(s.block_lifetime_seconds);
   d["block_idle_before_evict_seconds"] = HistogramDict(s.block_idle_before_evict_seconds);
   d["migrations"] = migrations;
+  const HostTierStats& h = s.host;
+  d["host"] = py::dict(
+      "budget_bytes"_a = h.budget_bytes, "slabs_free"_a = h.slabs_free, "blocks"_a = h.blocks,
+      "bytes"_a = h.bytes, "evictable_blocks"_a = h.evictable_blocks,
+      "offloaded_blocks"_a = h.offloaded_blocks, "onloaded_blocks"_a = h.onloaded_blocks,
+      "evicted_blocks"_a = h.evicted_blocks, "offload_failures"_a = h.offload_failures,
+      "onload_failures"_a = h.onload_failures, "hit_tokens"_a = h.hit_tokens,
+      "bytes_offloaded"_a = h.bytes_offloaded, "bytes_onloaded"_a = h.bytes_onloaded);
   return d;
 }
 
@@ -81,8 +90,11 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
                                    std::optional<std::vector<std::string>> palette,
                                    std::optional<std::string> policy, int64_t slab_bytes,
                                    std::vector<float> k_tensor_amax,
-                                   std::vector<float> v_tensor_amax, const std::string& backend) {
+                                   std::vector<float> v_tensor_amax, const std::string& backend,
+                                   int64_t host_tier_bytes, int32_t host_tier_format) {
   Options o;
+  o.host_tier_bytes = static_cast<size_t>(std::max<int64_t>(host_tier_bytes, 0));
+  o.host_tier_format = host_tier_format;
   o.geometry = Geometry{num_layers, num_kv_heads, head_dim, block_tokens};
   o.memory_budget_bytes = static_cast<size_t>(budget_bytes);
   o.slab_bytes = static_cast<size_t>(slab_bytes);
@@ -115,9 +127,12 @@ void BindShape(CacheClass& cache) {
            "block_tokens"_a = 16, "budget_bytes"_a = int64_t{256} << 20, "palette"_a = py::none(),
            "policy"_a = py::none(), "slab_bytes"_a = int64_t{2} << 20,
            "k_tensor_amax"_a = std::vector<float>{}, "v_tensor_amax"_a = std::vector<float>{},
-           "backend"_a = "cpu",
+           "backend"_a = "cpu", "host_tier_bytes"_a = 0, "host_tier_format"_a = -1,
            "Creates a cache. `palette`: format names, hottest first (default: the policy's "
-           "palette, else ['fp16']); `policy`: a preset name or a JSON file path.")
+           "palette, else ['fp16']); `policy`: a preset name or a JSON file path; "
+           "`host_tier_bytes`: host memory below the device pools for offloaded blocks "
+           "(docs/tiers.md; 0: none), `host_tier_format`: the palette index they are stored in "
+           "(-1: their own).")
       .def_property_readonly("num_layers", [](const PyCache& c) { return c.geometry().num_layers; })
       .def_property_readonly("num_kv_heads",
                              [](const PyCache& c) { return c.geometry().num_kv_heads; })
@@ -143,12 +158,14 @@ void BindSequences(CacheClass& cache) {
              o.coldest_format = coldest_format;
              o.priority = priority;
              o.priority_ttl_steps = priority_ttl_steps;
-             const AddResult r = Value((*c).AddSequence(o));
-             return py::make_tuple(r.id, r.cached_tokens);
+             return Value((*c).AddSequence(o));
            },
            "prompt"_a = py::none(), "extra_key"_a = 0, "coldest_format"_a = -1, "priority"_a = 0,
            "priority_ttl_steps"_a = -1,
-           "A new sequence attached to the longest cached prefix of `prompt`: (id, cached_tokens).")
+           "A new sequence attached to the longest cached prefix of `prompt`: an AddResult, "
+           "which unpacks as (id, cached_tokens).")
+      .def("fence_passed", [](PyCache& c, uint64_t fence) { return Value((*c).FencePassed(fence)); },
+           "fence"_a, "True once the copies before `fence` (AddResult.ready_fence) are complete.")
       .def("append",
            [](PyCache& c, SequenceId seq, int64_t n) {
              std::vector<int64_t> slots;

@@ -33,6 +33,30 @@ void BindId(py::module_& m, const std::string& name) {
       });
 }
 
+// Cache.add_sequence's result: unpacks as (id, cached_tokens); host_tokens and ready_fence
+// say what a prefix hit brought back from the host tier (docs/tiers.md).
+void BindAddResult(py::module_& m) {
+  auto pair = [](const AddResult& r) { return py::make_tuple(r.id, r.cached_tokens); };
+  py::class_<AddResult>(m, "AddResult")
+      .def_readonly("id", &AddResult::id)
+      .def_readonly("cached_tokens", &AddResult::cached_tokens)
+      .def_readonly("host_tokens", &AddResult::host_tokens)
+      .def_readonly("ready_fence", &AddResult::ready_fence)
+      .def("__len__", [](const AddResult&) { return 2; })
+      .def("__iter__", [pair](const AddResult& r) { return py::iter(pair(r)); })
+      .def("__getitem__",
+           [pair](const AddResult& r, int i) -> py::object {
+             const py::tuple t = pair(r);
+             return t[py::int_(i)];  // negative indices and IndexError as a tuple's
+           })
+      .def("__repr__", [](const AddResult& r) {
+        return "AddResult(id=" + std::to_string(r.id.index) + "/" +
+               std::to_string(r.id.generation) + ", cached_tokens=" +
+               std::to_string(r.cached_tokens) + ", host_tokens=" +
+               std::to_string(r.host_tokens) + ", ready_fence=" + std::to_string(r.ready_fence) + ")";
+      });
+}
+
 void BindTables(py::module_& m) {
   py::class_<PageTables>(m, "PageTables",
                          "One step's page tables (Cache.build_page_tables). Arrays are copies.")
@@ -97,6 +121,7 @@ void BindTensorView(py::module_& m) {
 void BindValueTypes(py::module_& m) {
   BindId<SequenceId>(m, "SequenceId");
   BindId<BlockId>(m, "BlockId");
+  BindAddResult(m);
   BindTables(m);
   BindTensorView(m);
 }

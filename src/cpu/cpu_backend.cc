@@ -112,7 +112,7 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) override {
-    return CopyPages(pool, pool, {&src, 1}, {&dst, 1});
+    return CopyPages({&pool, 1}, {&pool, 1}, {&src, 1}, {&dst, 1});
   }
 
   // The host tier is a second budget of the same host memory.
@@ -121,12 +121,14 @@ class CpuBackend final : public Backend {
   absl::Status MapHost(uint8_t* addr, size_t bytes) override { return Map(addr, bytes); }
   absl::Status UnmapHost(uint8_t* addr, size_t bytes) override { return Unmap(addr, bytes); }
 
-  absl::Status CopyPages(const PoolView& from, const PoolView& to,
+  absl::Status CopyPages(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
                          absl::Span<const uint32_t> src_pages,
                          absl::Span<const uint32_t> dst_pages) override {
-    const size_t bytes = from.layout.page_bytes;
-    for (size_t i = 0; i < src_pages.size(); ++i) {
-      std::memcpy(to.base + dst_pages[i] * bytes, from.base + src_pages[i] * bytes, bytes);
+    for (size_t l = 0; l < from.size(); ++l) {
+      const size_t bytes = from[l].layout.page_bytes;
+      for (size_t i = 0; i < src_pages.size(); ++i) {
+        std::memcpy(to[l].base + dst_pages[i] * bytes, from[l].base + src_pages[i] * bytes, bytes);
+      }
     }
     return absl::OkStatus();
   }

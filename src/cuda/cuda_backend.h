@@ -85,7 +85,7 @@ class CudaBackend final : public Backend {
   void UnreserveHost(uint8_t* base, size_t bytes) override;
   absl::Status MapHost(uint8_t* addr, size_t bytes) override;
   absl::Status UnmapHost(uint8_t* addr, size_t bytes) override;
-  absl::Status CopyPages(const PoolView& from, const PoolView& to,
+  absl::Status CopyPages(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
                          absl::Span<const uint32_t> src_pages,
                          absl::Span<const uint32_t> dst_pages) override;
   bool synchronous() const override { return false; }
@@ -131,6 +131,17 @@ class CudaBackend final : public Backend {
   // Unmaps deferred slabs whose work has completed (all of them, waiting, when `wait`), or
   // only those overlapping [lo, hi) when hi > lo.
   absl::Status RetireUnmaps(bool wait, uintptr_t lo = 0, uintptr_t hi = 0);
+  // A batch of page moves in device staging memory: the layer table and both page lists.
+  struct PageBatch {
+    const gpu::LayerPools* layers = nullptr;
+    const uint32_t* src_pages = nullptr;
+    const uint32_t* dst_pages = nullptr;
+  };
+  // Checks a Requantize or CopyPages batch (`call` names it in errors) and stages it.
+  absl::StatusOr<PageBatch> StagePageBatch(const char* call, absl::Span<const PoolView> from,
+                                           absl::Span<const PoolView> to,
+                                           absl::Span<const uint32_t> src_pages,
+                                           absl::Span<const uint32_t> dst_pages);
   // Host staging memory for `bytes`, then its upload to the device staging buffer.
   absl::StatusOr<void*> StageHost(size_t bytes);
   absl::StatusOr<void*> Upload(size_t bytes);

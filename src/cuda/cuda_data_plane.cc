@@ -165,18 +165,16 @@ absl::Status CudaBackend::ReadPage(const PoolView& pool, uint32_t page, int num_
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Requantize(absl::Span<const PoolView> from,
-                                     absl::Span<const PoolView> to,
-                                     absl::Span<const uint32_t> src_pages,
-                                     absl::Span<const uint32_t> dst_pages) {
+absl::StatusOr<CudaBackend::PageBatch> CudaBackend::StagePageBatch(
+    const char* call, absl::Span<const PoolView> from, absl::Span<const PoolView> to,
+    absl::Span<const uint32_t> src_pages, absl::Span<const uint32_t> dst_pages) {
   KVTIER_RETURN_IF_ERROR(sticky_);
   if (from.size() != to.size() || src_pages.size() != dst_pages.size() || from.empty()) {
-    return absl::InvalidArgumentError("Requantize: mismatched layer or page lists");
+    return absl::InvalidArgumentError(absl::StrCat(call, ": mismatched layer or page lists"));
   }
-  if (src_pages.empty()) return absl::OkStatus();
   for (size_t l = 1; l < from.size(); ++l) {
     if (!SameLayout(from[l].layout, from[0].layout) || !SameLayout(to[l].layout, to[0].layout)) {
-      return absl::InvalidArgumentError("Requantize: page layouts differ between layers");
+      return absl::InvalidArgumentError(absl::StrCat(call, ": page layouts differ between layers"));
     }
   }
   const size_t layers = from.size();
@@ -197,14 +195,28 @@ absl::Status CudaBackend::Requantize(absl::Span<const PoolView> from,
   std::memcpy(pages, src_pages.data(), n * sizeof(uint32_t));
   std::memcpy(pages + n, dst_pages.data(), n * sizeof(uint32_t));
   KVTIER_ASSIGN_OR_RETURN(void* device, Upload(bytes));
+  PageBatch batch;
+  batch.layers = static_cast<const gpu::LayerPools*>(device);
+  batch.src_pages = reinterpret_cast<const uint32_t*>(static_cast<uint8_t*>(device) + table);
+  batch.dst_pages = batch.src_pages + n;
+  return batch;
+}
+
+absl::Status CudaBackend::Requantize(absl::Span<const PoolView> from,
+                                     absl::Span<const PoolView> to,
+                                     absl::Span<const uint32_t> src_pages,
+                                     absl::Span<const uint32_t> dst_pages) {
+  if (src_pages.empty() && from.size() == to.size() && !from.empty()) return sticky_;
+  KVTIER_ASSIGN_OR_RETURN(const PageBatch batch,
+                          StagePageBatch("Requantize", from, to, src_pages, dst_pages));
   gpu::RequantizeParams p;
   p.src = from[0].layout;
   p.dst = to[0].layout;
-  p.layers = static_cast<const gpu::LayerPools*>(device);
-  p.src_pages = reinterpret_cast<const uint32_t*>(static_cast<uint8_t*>(device) + table);
-  p.dst_pages = p.src_pages + n;
-  p.num_layers = static_cast<int32_t>(layers);
-  p.num_blocks = static_cast<int32_t>(n);
+  p.layers = batch.layers;
+  p.src_pages = batch.src_pages;
+  p.dst_pages = batch.dst_pages;
+  p.num_layers = static_cast<int32_t>(from.size());
+  p.num_blocks = static_cast<int32_t>(src_pages.size());
   p.fast = fast_;
   p.variant = variant_;
   KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchRequantize(p, stream_));

@@ -48,21 +48,26 @@ absl::Status CudaBackend::UnmapHost(uint8_t* addr, size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::CopyPages(const PoolView& from, const PoolView& to,
+absl::Status CudaBackend::CopyPages(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
                                     absl::Span<const uint32_t> src_pages,
                                     absl::Span<const uint32_t> dst_pages) {
-  const size_t bytes = from.layout.page_bytes;
-  // One copy per run of pages consecutive on both sides (a chain offloaded or brought back
-  // together usually is).
-  for (size_t i = 0, j; i < src_pages.size(); i = j) {
-    for (j = i + 1; j < src_pages.size() && src_pages[j] == src_pages[j - 1] + 1 &&
-                    dst_pages[j] == dst_pages[j - 1] + 1;
-         ++j) {
+  if (src_pages.empty() && from.size() == to.size() && !from.empty()) return sticky_;
+  for (size_t l = 0; l < from.size() && l < to.size(); ++l) {
+    if (from[l].layout.page_bytes != to[l].layout.page_bytes) {
+      return absl::InvalidArgumentError("CopyPages: the two sides' pages differ in size");
     }
-    KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to.base + dst_pages[i] * bytes,
-                                                from.base + src_pages[i] * bytes, (j - i) * bytes,
-                                                cudaMemcpyDefault, stream_));
   }
+  KVTIER_ASSIGN_OR_RETURN(const PageBatch batch,
+                          StagePageBatch("CopyPages", from, to, src_pages, dst_pages));
+  gpu::CopyPagesParams p;
+  p.layers = batch.layers;
+  p.src_pages = batch.src_pages;
+  p.dst_pages = batch.dst_pages;
+  p.page_bytes = from[0].layout.page_bytes;
+  p.num_layers = static_cast<int32_t>(from.size());
+  p.num_pages = static_cast<int32_t>(src_pages.size());
+  p.num_sms = num_sms_;
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchCopyPages(p, stream_));
   return absl::OkStatus();
 }
 

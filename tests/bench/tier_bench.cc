@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -51,14 +52,29 @@ struct TierResult {
   double offload_gbs = 0, onload_gbs = 0;
   double offload_tokens_per_s = 0, onload_tokens_per_s = 0;
   int64_t block_bytes = 0;  // all layers
+  int64_t offloaded_blocks = 0;
 };
+
+// Exits with `what` and the status when it is not OK: a bench that measured nothing says so.
+void Check(const absl::Status& s, const std::string& what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "tier_bench: %s: %s\n", what.c_str(), s.ToString().c_str());
+  std::exit(1);
+}
 
 // A private sequence (no token ids: never cached) of `pages` hot pages.
 SequenceId Private(Cache& cache, int64_t pages) {
   const SequenceId id = cache.AddSequence().value();
   std::vector<int64_t> slots;
-  if (pages > 0) cache.AppendBatch({id}, {pages * kBlockTokens}, {}, &slots).IgnoreError();
+  if (pages > 0) Check(cache.Append(id, pages * kBlockTokens, &slots), "a filler's append");
   return id;
+}
+
+// Closes a step and waits for the device, so that every retired page is back in its pool.
+void Settle(Cache& cache) {
+  Check(cache.EndStep(), "EndStep");
+  cudaDeviceSynchronize();
+  Check(cache.EndStep(), "EndStep");
 }
 
 TierResult Measure(const Options& base, int format) {
@@ -70,23 +86,19 @@ TierResult Measure(const Options& base, int format) {
   std::iota(prompt.begin(), prompt.end(), 1);
   const SequenceId p = cache->AddSequence().value();
   std::vector<int64_t> slots;
-  cache->AppendTokens(p, prompt, &slots).IgnoreError();
+  Check(cache->AppendTokens(p, prompt, &slots), "the prompt's append");
   std::vector<BlockId> blocks = cache->SequenceBlocks(p).value();
   blocks.pop_back();
-  if (format > 0) {
-    if (const absl::Status s = cache->Demote(blocks, format); !s.ok()) {
-      std::fprintf(stderr, "%s: Demote failed: %s\n", r.format.c_str(), s.ToString().c_str());
-    }
-  }
-  cache->Release(p).IgnoreError();
-  cache->EndStep().IgnoreError();
+  if (format > 0) Check(cache->Demote(blocks, format), r.format + ": Demote");
+  Check(cache->Release(p), "Release");
+  Settle(*cache);
   // F1 takes every free page; F2 needs P's pages (FP16) or the slabs P holds (colder formats),
   // so all of P goes down.
   CacheStats s = cache->GetStats();
   const int64_t per_slab = s.slab_bytes / s.formats[0].page_bytes;
   const int64_t free_pages = s.slabs_free * per_slab + s.formats[0].pages_mapped - s.formats[0].pages_used;
   const SequenceId f1 = Private(*cache, free_pages);
-  cache->EndStep().IgnoreError();
+  Settle(*cache);
   s = cache->GetStats();
   const int64_t f2_pages = format == 0 ? kBlocks : s.formats[format].slabs_mapped * per_slab;
   cudaDeviceSynchronize();
@@ -98,13 +110,19 @@ TierResult Measure(const Options& base, int format) {
   r.block_bytes = after_offload.host.bytes_offloaded / std::max<int64_t>(1, after_offload.host.offloaded_blocks);
   r.offload_gbs = after_offload.host.bytes_offloaded / offload_s / 1e9;
   r.offload_tokens_per_s = after_offload.host.offloaded_blocks * kBlockTokens / offload_s;
-  cache->Release(f2).IgnoreError();
-  cache->EndStep().IgnoreError();
-  cudaDeviceSynchronize();
+  r.offloaded_blocks = after_offload.host.offloaded_blocks;
+  if (r.offloaded_blocks != kBlocks) {
+    std::fprintf(stderr, "tier_bench: %s: %lld blocks offloaded, not %d\n", r.format.c_str(),
+                 static_cast<long long>(r.offloaded_blocks), kBlocks);
+  }
+  Check(cache->Release(f2), "Release");
+  Settle(*cache);
   SequenceOptions options;
   options.prompt = prompt;
   t = std::chrono::steady_clock::now();
-  const AddResult hit = cache->AddSequence(options).value();
+  absl::StatusOr<AddResult> added = cache->AddSequence(options);
+  Check(added.status(), "the prefix hit");
+  const AddResult hit = *added;
   while (!cache->FencePassed(hit.ready_fence).value()) {
   }
   const double onload_s = Seconds(t);
@@ -142,11 +160,12 @@ int Main(int argc, char** argv) {
   for (size_t i = 0; i < results.size(); ++i) {
     const TierResult& r = results[i];
     std::fprintf(out,
-                 "%s\n    {\"format\": \"%s\", \"block_bytes\": %lld, \"offload_gb_per_s\": %.2f, "
+                 "%s\n    {\"format\": \"%s\", \"block_bytes\": %lld, \"offloaded_blocks\": %lld, \"offload_gb_per_s\": %.2f, "
                  "\"offload_pct_of_roof\": %.1f, \"onload_gb_per_s\": %.2f, \"onload_pct_of_roof\": %.1f, "
                  "\"offload_tokens_per_s\": %.0f, \"onload_tokens_per_s\": %.0f, "
                  "\"onload_tokens_per_s_vs_fp16\": %.2f}",
-                 i ? "," : "", r.format.c_str(), static_cast<long long>(r.block_bytes), r.offload_gbs,
+                 i ? "," : "", r.format.c_str(), static_cast<long long>(r.block_bytes),
+                 static_cast<long long>(r.offloaded_blocks), r.offload_gbs,
                  100 * r.offload_gbs / d2h, r.onload_gbs, 100 * r.onload_gbs / h2d,
                  r.offload_tokens_per_s, r.onload_tokens_per_s,
                  r.onload_tokens_per_s / results[0].onload_tokens_per_s);

@@ -112,6 +112,37 @@ def test_sequences_data_and_stats():
     assert cache.palette == ["fp16"]
 
 
+def test_host_tier_offloads_and_a_prefix_hit_brings_blocks_back():
+    slab = 2 << 20
+    cache = kvtier.Cache(num_layers=2, num_kv_heads=H, head_dim=D, budget_bytes=2 * 2 * slab,
+                         host_tier_bytes=2 * 2 * slab)
+    prompt = np.arange(65, dtype=np.int32)
+    seq, _ = cache.add_sequence()
+    slots = cache.append_tokens(seq, prompt)
+    k = np.random.default_rng(3).normal(size=(65, H, D)).astype(np.float16)
+    for layer in range(2):
+        cache.write_kv(layer, slots, k, k)
+    cache.release(seq)
+    # A private sequence that needs the whole device budget pushes the cached prefix down.
+    pages_per_slab = slab // cache.stats()["formats"][0]["page_bytes"]
+    big, _ = cache.add_sequence()
+    cache.append(big, 2 * pages_per_slab * 16)
+    host = cache.stats()["host"]
+    assert host["offloaded_blocks"] == 4 and host["blocks"] == 4
+    cache.release(big)
+    hit = cache.add_sequence(prompt=prompt)
+    seq, cached = hit
+    assert cached == 64 and hit.host_tokens == 64
+    assert cache.fence_passed(hit.ready_fence)
+    rk, _ = cache.read_kv(seq, 1)
+    np.testing.assert_array_equal(rk, k[:64].astype(np.float32))
+    assert cache.stats()["host"]["onloaded_blocks"] == 4
+    assert "host_tokens=64" in repr(hit)
+    cache.check_consistency()
+    with pytest.raises(ValueError, match="host_tier"):
+        kvtier.Cache(num_kv_heads=H, head_dim=D, host_tier_bytes=1)
+
+
 def test_write_kv_through_dlpack():
     class Producer:  # any object with __dlpack__, here backed by numpy
         def __init__(self, a):
