@@ -141,9 +141,13 @@ size_t BlockPool::Acquire(absl::Span<const uint32_t> chain, int64_t* onloaded,
 }
 
 absl::Status BlockPool::Onload(absl::Span<const uint32_t> blocks) {
+  // By format, then by host page: the device pages are taken in that order, so that pages
+  // consecutive in the host tier usually land consecutive on the device (long copies).
   std::vector<uint32_t> sorted(blocks.begin(), blocks.end());
-  std::stable_sort(sorted.begin(), sorted.end(),
-                   [&](uint32_t a, uint32_t b) { return blocks_[a].format < blocks_[b].format; });
+  std::sort(sorted.begin(), sorted.end(), [&](uint32_t a, uint32_t b) {
+    return std::make_pair(blocks_[a].format, blocks_[a].page) <
+           std::make_pair(blocks_[b].format, blocks_[b].page);
+  });
   auto end_of_format = [&](size_t start) {
     const uint8_t format = blocks_[sorted[start]].format;
     size_t end = start;

@@ -236,9 +236,11 @@ absl::Status PageStore::EndStep() {
       pools_[e.format].Free(e.page);
     }
   }
-  // Each pool keeps one empty slab for the next step; the others return to the budget.
+  // Each pool keeps one empty slab for the next step; the others return to the budget. The host
+  // tier keeps them all: registering pinned memory is slow (about a millisecond per slab and
+  // layer), and MapSlabs takes empty slabs from other pools anyway.
   absl::Status status;
-  for (int f = 0; f < num_formats(); ++f) {
+  for (int f = 0; f < num_formats() && memory_ == Memory::kDevice; ++f) {
     while (pools_[f].empty_slots() > 1) status.Update(UnmapSlot(f, pools_[f].EmptySlot()));
   }
   return status;

@@ -79,7 +79,8 @@ class PageStore {
   // DeadlineExceeded, with the pages still retired, when its fence has not passed in 2 s.
   absl::Status ReclaimAll();
   // Closes the step: records its fence, returns the pages whose fences have passed, and returns
-  // every empty slab but one per pool to the budget.
+  // every empty slab but one per pool to the budget (device memory only: the host tier keeps its
+  // slabs mapped, and pinned, until another format needs them).
   absl::Status EndStep();
 
   // Sets the per-tensor scales of `layer` from the amax of its K and V, for every format.

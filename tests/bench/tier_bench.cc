@@ -1,7 +1,9 @@
 // Host-tier bandwidth on the GPU (docs/tiers.md): offload (device -> pinned host, as eviction
 // makes room) and onload (a prefix hit brings blocks back, until AddResult::ready_fence passes)
 // of 256 blocks of a 32-layer, 8-head, 128-dim model, for FP16, FP8 and NVFP4 blocks, against
-// the measured pinned host <-> device copy roof. Writes JSON.
+// the measured pinned host <-> device copy roof. Two cycles each: "cold" pins the host tier's
+// slabs on first use (cudaHostRegister), "warm" repeats it with them pinned. Writes JSON.
+// KVTIER_CUDA_COPY=dma|kernel forces how the backend copies (default: by run length).
 // Usage: kvtier_tier_bench OUT.json
 #include <cuda_runtime_api.h>
 
@@ -47,12 +49,16 @@ double RoofGbs(size_t bytes, cudaMemcpyKind kind) {
   return gbs[gbs.size() / 2];
 }
 
+// One offload and onload of the prompt's blocks.
+struct Cycle {
+  double offload_s = 0, onload_s = 0;
+  int64_t blocks_down = 0, bytes_down = 0, bytes_up = 0, tokens_up = 0;
+};
+
 struct TierResult {
   std::string format;
-  double offload_gbs = 0, onload_gbs = 0;
-  double offload_tokens_per_s = 0, onload_tokens_per_s = 0;
   int64_t block_bytes = 0;  // all layers
-  int64_t offloaded_blocks = 0;
+  Cycle cold, warm;  // first cycle (host slabs pinned on first use), then the same again
 };
 
 // Exits with `what` and the status when it is not OK: a bench that measured nothing says so.
@@ -75,6 +81,40 @@ void Settle(Cache& cache) {
   Check(cache.EndStep(), "EndStep");
   cudaDeviceSynchronize();
   Check(cache.EndStep(), "EndStep");
+}
+
+// F2 (a private sequence of `f2_pages`) pushes the cached prompt down; a prefix hit brings
+// it back, until its ready fence passes.
+Cycle RunCycle(Cache& cache, const std::vector<int32_t>& prompt, int64_t f2_pages) {
+  Cycle c;
+  const CacheStats before = cache.GetStats();
+  cudaDeviceSynchronize();
+  auto t = std::chrono::steady_clock::now();
+  const SequenceId f2 = Private(cache, f2_pages);
+  cudaDeviceSynchronize();
+  c.offload_s = Seconds(t);
+  const CacheStats down = cache.GetStats();
+  c.blocks_down = down.host.offloaded_blocks - before.host.offloaded_blocks;
+  c.bytes_down = down.host.bytes_offloaded - before.host.bytes_offloaded;
+  if (c.blocks_down != kBlocks) {
+    std::fprintf(stderr, "tier_bench: %lld blocks offloaded, not %d\n",
+                 static_cast<long long>(c.blocks_down), kBlocks);
+  }
+  Check(cache.Release(f2), "Release");
+  Settle(cache);
+  SequenceOptions options;
+  options.prompt = prompt;
+  t = std::chrono::steady_clock::now();
+  absl::StatusOr<AddResult> added = cache.AddSequence(options);
+  Check(added.status(), "the prefix hit");
+  while (!cache.FencePassed(added->ready_fence).value()) {
+  }
+  c.onload_s = Seconds(t);
+  c.bytes_up = cache.GetStats().host.bytes_onloaded - down.host.bytes_onloaded;
+  c.tokens_up = added->host_tokens;
+  Check(cache.Release(added->id), "Release");
+  Settle(cache);
+  return c;
 }
 
 TierResult Measure(const Options& base, int format) {
@@ -101,40 +141,31 @@ TierResult Measure(const Options& base, int format) {
   Settle(*cache);
   s = cache->GetStats();
   const int64_t f2_pages = format == 0 ? kBlocks : s.formats[format].slabs_mapped * per_slab;
-  cudaDeviceSynchronize();
-  auto t = std::chrono::steady_clock::now();
-  const SequenceId f2 = Private(*cache, f2_pages);
-  cudaDeviceSynchronize();
-  const double offload_s = Seconds(t);
-  const CacheStats after_offload = cache->GetStats();
-  r.block_bytes = after_offload.host.bytes_offloaded / std::max<int64_t>(1, after_offload.host.offloaded_blocks);
-  r.offload_gbs = after_offload.host.bytes_offloaded / offload_s / 1e9;
-  r.offload_tokens_per_s = after_offload.host.offloaded_blocks * kBlockTokens / offload_s;
-  r.offloaded_blocks = after_offload.host.offloaded_blocks;
-  if (r.offloaded_blocks != kBlocks) {
-    std::fprintf(stderr, "tier_bench: %s: %lld blocks offloaded, not %d\n", r.format.c_str(),
-                 static_cast<long long>(r.offloaded_blocks), kBlocks);
+  r.cold = RunCycle(*cache, prompt, f2_pages);
+  r.warm = RunCycle(*cache, prompt, f2_pages);
+  r.block_bytes = r.cold.bytes_down / std::max<int64_t>(1, r.cold.blocks_down);
+  for (const Cycle* c : {&r.cold, &r.warm}) {
+    std::fprintf(stderr, "%s %s: offloaded %lld blocks in %.2f ms, onloaded %lld tokens in %.2f ms\n",
+                 r.format.c_str(), c == &r.cold ? "cold" : "warm", static_cast<long long>(c->blocks_down),
+                 c->offload_s * 1e3, static_cast<long long>(c->tokens_up), c->onload_s * 1e3);
   }
-  Check(cache->Release(f2), "Release");
-  Settle(*cache);
-  SequenceOptions options;
-  options.prompt = prompt;
-  t = std::chrono::steady_clock::now();
-  absl::StatusOr<AddResult> added = cache->AddSequence(options);
-  Check(added.status(), "the prefix hit");
-  const AddResult hit = *added;
-  while (!cache->FencePassed(hit.ready_fence).value()) {
-  }
-  const double onload_s = Seconds(t);
-  const CacheStats after_onload = cache->GetStats();
-  r.onload_gbs = after_onload.host.bytes_onloaded / onload_s / 1e9;
-  r.onload_tokens_per_s = hit.host_tokens / onload_s;
-  std::fprintf(stderr, "%s: offloaded %lld blocks in %.2f ms, onloaded %lld tokens in %.2f ms\n",
-               r.format.c_str(), static_cast<long long>(after_offload.host.offloaded_blocks),
-               offload_s * 1e3, static_cast<long long>(hit.host_tokens), onload_s * 1e3);
-  cache->Release(hit.id).IgnoreError();
-  cache->Release(f1).IgnoreError();
+  Check(cache->Release(f1), "Release");
   return r;
+}
+
+// One cycle as JSON, its rates against the roofs and FP16's onload tokens/s.
+void PrintCycle(FILE* out, const char* name, const Cycle& c, double h2d, double d2h, const Cycle& fp16) {
+  const double down_gbs = c.bytes_down / c.offload_s / 1e9, up_gbs = c.bytes_up / c.onload_s / 1e9;
+  const double down_tps = c.blocks_down * kBlockTokens / c.offload_s, up_tps = c.tokens_up / c.onload_s;
+  std::fprintf(out,
+               "\"%s\": {\"offloaded_blocks\": %lld, \"offload_ms\": %.2f, \"offload_gb_per_s\": %.2f, "
+               "\"offload_pct_of_roof\": %.1f, \"onload_ms\": %.2f, \"onload_gb_per_s\": %.2f, "
+               "\"onload_pct_of_roof\": %.1f, \"offload_tokens_per_s\": %.0f, \"onload_tokens_per_s\": %.0f, "
+               "\"offload_tokens_per_s_vs_fp16\": %.2f, \"onload_tokens_per_s_vs_fp16\": %.2f}",
+               name, static_cast<long long>(c.blocks_down), c.offload_s * 1e3, down_gbs, 100 * down_gbs / d2h,
+               c.onload_s * 1e3, up_gbs, 100 * up_gbs / h2d, down_tps, up_tps,
+               down_tps / (fp16.blocks_down * kBlockTokens / fp16.offload_s),
+               up_tps / (fp16.tokens_up / fp16.onload_s));
 }
 
 int Main(int argc, char** argv) {
@@ -159,16 +190,12 @@ int Main(int argc, char** argv) {
                h2d, d2h, kBlocks);
   for (size_t i = 0; i < results.size(); ++i) {
     const TierResult& r = results[i];
-    std::fprintf(out,
-                 "%s\n    {\"format\": \"%s\", \"block_bytes\": %lld, \"offloaded_blocks\": %lld, \"offload_gb_per_s\": %.2f, "
-                 "\"offload_pct_of_roof\": %.1f, \"onload_gb_per_s\": %.2f, \"onload_pct_of_roof\": %.1f, "
-                 "\"offload_tokens_per_s\": %.0f, \"onload_tokens_per_s\": %.0f, "
-                 "\"onload_tokens_per_s_vs_fp16\": %.2f}",
-                 i ? "," : "", r.format.c_str(), static_cast<long long>(r.block_bytes),
-                 static_cast<long long>(r.offloaded_blocks), r.offload_gbs,
-                 100 * r.offload_gbs / d2h, r.onload_gbs, 100 * r.onload_gbs / h2d,
-                 r.offload_tokens_per_s, r.onload_tokens_per_s,
-                 r.onload_tokens_per_s / results[0].onload_tokens_per_s);
+    std::fprintf(out, "%s\n    {\"format\": \"%s\", \"block_bytes\": %lld,\n     ", i ? "," : "",
+                 r.format.c_str(), static_cast<long long>(r.block_bytes));
+    PrintCycle(out, "cold", r.cold, h2d, d2h, results[0].cold);
+    std::fprintf(out, ",\n     ");
+    PrintCycle(out, "warm", r.warm, h2d, d2h, results[0].warm);
+    std::fprintf(out, "}");
   }
   std::fprintf(out, "\n  ]\n}\n");
   std::fclose(out);
