@@ -39,10 +39,6 @@ step bench 60 bundle/kvtier_gpu_bench "$out/bench.json"
 cat "$out/bench.log" >>"$summary"
 step tier_bench 30 bundle/kvtier_tier_bench "$out/tier_bench.json"
 cat "$out/tier_bench.json" >>"$summary"
-for mode in kernel dma; do  # each copy path alone, for comparison
-  step "tier_bench_$mode" 30 env KVTIER_CUDA_COPY=$mode bundle/kvtier_tier_bench "$out/tier_bench_$mode.json"
-  cat "$out/tier_bench_$mode.json" >>"$summary"
-done
 export KVTIER_CUDA_FAST_CODEC=on KVTIER_GPU_TEST_SCALE=${KVTIER_GPU_TEST_SCALE:-0.2}
 # The two largest decode tests add minutes under the sanitizers without new paths
 # (EveryFormatMixGroupAndRaggedLength covers the staging ring, the splits and the merge); the

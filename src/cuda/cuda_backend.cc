@@ -140,10 +140,6 @@ absl::Status CudaBackend::Init() {
     if (std::strcmp(form, "2") == 0) variant_ = gpu::RequantizeVariant::kTwoBlocksPerSm;
     if (std::strcmp(form, "4") == 0) variant_ = gpu::RequantizeVariant::kFourBlocksPerSm;
   }
-  if (const char* mode = std::getenv("KVTIER_CUDA_COPY"); mode != nullptr) {
-    if (std::strcmp(mode, "dma") == 0) copy_mode_ = CopyMode::kDma;
-    if (std::strcmp(mode, "kernel") == 0) copy_mode_ = CopyMode::kKernel;
-  }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }

@@ -131,14 +131,6 @@ class CudaBackend final : public Backend {
   // Unmaps deferred slabs whose work has completed (all of them, waiting, when `wait`), or
   // only those overlapping [lo, hi) when hi > lo.
   absl::Status RetireUnmaps(bool wait, uintptr_t lo = 0, uintptr_t hi = 0);
-  // How CopyPages moves pages: kAuto picks the copy engines when the batch is a few long runs
-  // of consecutive pages (at least kMinPagesPerDmaRun per run on average), else the copy
-  // kernel. KVTIER_CUDA_COPY=dma|kernel forces one (benchmarks, tests).
-  enum class CopyMode : uint8_t { kAuto, kDma, kKernel };
-  static constexpr size_t kMinPagesPerDmaRun = 8;
-  // One cudaMemcpyAsync per run of pages consecutive on both sides, per layer.
-  absl::Status CopyRuns(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
-                        absl::Span<const uint32_t> src_pages, absl::Span<const uint32_t> dst_pages);
   // A batch of page moves in device staging memory: the layer table and both page lists.
   struct PageBatch {
     const gpu::LayerPools* layers = nullptr;
@@ -163,7 +155,6 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   bool fast_ = false;
   gpu::RequantizeVariant variant_ = gpu::RequantizeVariant::kThreeBlocksPerSm;
-  CopyMode copy_mode_ = CopyMode::kAuto;
   size_t granularity_ = 0;
   cudaStream_t stream_ = nullptr;
   absl::Status sticky_;  // an error found where it could not be returned

@@ -57,15 +57,6 @@ absl::Status CudaBackend::CopyPages(absl::Span<const PoolView> from, absl::Span<
       return absl::InvalidArgumentError("CopyPages: the two sides' pages differ in size");
     }
   }
-  // Runs of pages consecutive on both sides: a batch of few long runs goes to the copy engines
-  // (no SM taken from the caller's kernels), a scattered one to the copy kernel.
-  size_t runs = 0;
-  for (size_t i = 0; i < src_pages.size(); ++i) {
-    runs += i == 0 || src_pages[i] != src_pages[i - 1] + 1 || dst_pages[i] != dst_pages[i - 1] + 1;
-  }
-  const bool dma = copy_mode_ == CopyMode::kDma ||
-                   (copy_mode_ == CopyMode::kAuto && runs * kMinPagesPerDmaRun <= src_pages.size());
-  if (dma) return CopyRuns(from, to, src_pages, dst_pages);
   KVTIER_ASSIGN_OR_RETURN(const PageBatch batch,
                           StagePageBatch("CopyPages", from, to, src_pages, dst_pages));
   gpu::CopyPagesParams p;
@@ -77,28 +68,6 @@ absl::Status CudaBackend::CopyPages(absl::Span<const PoolView> from, absl::Span<
   p.num_pages = static_cast<int32_t>(src_pages.size());
   p.num_sms = num_sms_;
   KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchCopyPages(p, stream_));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::CopyRuns(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
-                                   absl::Span<const uint32_t> src_pages,
-                                   absl::Span<const uint32_t> dst_pages) {
-  KVTIER_RETURN_IF_ERROR(sticky_);
-  if (from.size() != to.size() || src_pages.size() != dst_pages.size()) {
-    return absl::InvalidArgumentError("CopyPages: mismatched layer or page lists");
-  }
-  for (size_t l = 0; l < from.size(); ++l) {
-    const size_t bytes = from[l].layout.page_bytes;
-    for (size_t i = 0, j; i < src_pages.size(); i = j) {
-      for (j = i + 1; j < src_pages.size() && src_pages[j] == src_pages[j - 1] + 1 &&
-                      dst_pages[j] == dst_pages[j - 1] + 1;
-           ++j) {
-      }
-      KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to[l].base + dst_pages[i] * bytes,
-                                                  from[l].base + src_pages[i] * bytes,
-                                                  (j - i) * bytes, cudaMemcpyDefault, stream_));
-    }
-  }
   return absl::OkStatus();
 }
 

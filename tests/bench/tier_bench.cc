@@ -1,9 +1,11 @@
 // Host-tier bandwidth on the GPU (docs/tiers.md): offload (device -> pinned host, as eviction
 // makes room) and onload (a prefix hit brings blocks back, until AddResult::ready_fence passes)
 // of 256 blocks of a 32-layer, 8-head, 128-dim model, for FP16, FP8 and NVFP4 blocks, against
-// the measured pinned host <-> device copy roof. Two cycles each: "cold" pins the host tier's
-// slabs on first use (cudaHostRegister), "warm" repeats it with them pinned. Writes JSON.
-// KVTIER_CUDA_COPY=dma|kernel forces how the backend copies (default: by run length).
+// the measured pinned host <-> device copy roof. Two cycles each: "cold" pins the host tier's slabs on first use
+// (cudaHostRegister) and maps device slabs for the onload (the step settled, its empty slabs
+// returned); "warm" repeats it with the host slabs pinned and brings the blocks back at once,
+// into the device slabs that the released filler leaves mapped (a full device, as in serving).
+// Writes JSON.
 // Usage: kvtier_tier_bench OUT.json
 #include <cuda_runtime_api.h>
 
@@ -84,8 +86,8 @@ void Settle(Cache& cache) {
 }
 
 // F2 (a private sequence of `f2_pages`) pushes the cached prompt down; a prefix hit brings
-// it back, until its ready fence passes.
-Cycle RunCycle(Cache& cache, const std::vector<int32_t>& prompt, int64_t f2_pages) {
+// it back, until its ready fence passes (after settling the step when `settle`).
+Cycle RunCycle(Cache& cache, const std::vector<int32_t>& prompt, int64_t f2_pages, bool settle) {
   Cycle c;
   const CacheStats before = cache.GetStats();
   cudaDeviceSynchronize();
@@ -101,7 +103,7 @@ Cycle RunCycle(Cache& cache, const std::vector<int32_t>& prompt, int64_t f2_page
                  static_cast<long long>(c.blocks_down), kBlocks);
   }
   Check(cache.Release(f2), "Release");
-  Settle(cache);
+  if (settle) Settle(cache);
   SequenceOptions options;
   options.prompt = prompt;
   t = std::chrono::steady_clock::now();
@@ -141,8 +143,8 @@ TierResult Measure(const Options& base, int format) {
   Settle(*cache);
   s = cache->GetStats();
   const int64_t f2_pages = format == 0 ? kBlocks : s.formats[format].slabs_mapped * per_slab;
-  r.cold = RunCycle(*cache, prompt, f2_pages);
-  r.warm = RunCycle(*cache, prompt, f2_pages);
+  r.cold = RunCycle(*cache, prompt, f2_pages, /*settle=*/true);
+  r.warm = RunCycle(*cache, prompt, f2_pages, /*settle=*/false);
   r.block_bytes = r.cold.bytes_down / std::max<int64_t>(1, r.cold.blocks_down);
   for (const Cycle* c : {&r.cold, &r.warm}) {
     std::fprintf(stderr, "%s %s: offloaded %lld blocks in %.2f ms, onloaded %lld tokens in %.2f ms\n",
