@@ -16,6 +16,7 @@
 #include "absl/types/span.h"
 #include "kernels/page_layout.h"
 #include "kvtier/cache.h"
+#include "src/block_events.h"
 
 namespace kvtier {
 
@@ -83,8 +84,10 @@ std::unique_ptr<Backend> MakeCpuBackend();
 // A cache over `backend` (Cache::Create picks the backend from options.backend; tests pass a
 // fault-injecting one). Errors as Cache::Create's, and ResourceExhausted when the host cannot
 // hold the block metadata that the budget needs. Never throws.
-absl::StatusOr<std::unique_ptr<Cache>> CreateCache(const Options& options,
-                                                   std::unique_ptr<Backend> backend);
+// `events` receives the cache's block events (block_events.h), or null for none.
+absl::StatusOr<std::unique_ptr<Cache>> CreateCache(
+    const Options& options, std::unique_ptr<Backend> backend,
+    std::unique_ptr<BlockEventSink> events = nullptr);
 
 // The CUDA backend on the current device. Unavailable (with the reason) when no driver or
 // device is present. Defined only in builds with KVTIER_WITH_CUDA.

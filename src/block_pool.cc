@@ -1,5 +1,7 @@
 #include "src/block_pool.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "src/prefix_hash.h"
 #include "src/status_macros.h"
@@ -17,15 +19,21 @@ absl::Status Violation(absl::string_view what) {
 // block metadata never runs out before pages do.
 // Offloaded blocks keep their metadata, so the table also covers every host page.
 BlockPool::BlockPool(PageStore* pages, std::unique_ptr<PageStore> host, Backend* backend,
-                     CacheMetrics* metrics)
+                     CacheMetrics* metrics, BlockEventSink* events)
     : pages_(pages),
       host_(std::move(host)),
       backend_(backend),
       metrics_(metrics),
+      events_(events),
       blocks_(pages->MaxLivePages() + (host_ ? host_->MaxLivePages() : 0)),
       evictor_(blocks_.capacity()),
       host_evictor_(host_ ? blocks_.capacity() : 0),
-      cached_by_format_(pages->num_formats(), 0) {}
+      cached_by_format_(pages->num_formats(), 0) {
+  if (events_ != nullptr) {
+    event_tokens_.resize(size_t{blocks_.capacity()} * pages->options().geometry.block_tokens);
+    event_parents_.resize(blocks_.capacity());
+  }
+}
 
 uint64_t BlockPool::RoomAfterEvictingAll(int format) const {
   // Leaf-first eviction never reaches a cached block above an indexed block in use.
@@ -105,6 +113,7 @@ bool BlockPool::EvictOne() {
 
 void BlockPool::Drop(uint32_t block) {
   BlockMeta& m = blocks_[block];
+  EmitRemoved(m, MediumOf(m));
   if (evictor_.Contains(block)) evictor_.Remove(block);
   if (host_ != nullptr && host_evictor_.Contains(block)) host_evictor_.Remove(block);
   index_.Erase(m.hash);
@@ -188,7 +197,8 @@ void BlockPool::Unpin(uint32_t block) {
   }
 }
 
-bool BlockPool::Publish(uint32_t block, uint64_t hash, uint64_t parent_hash) {
+bool BlockPool::Publish(uint32_t block, uint64_t hash, uint64_t parent_hash,
+                        absl::Span<const int32_t> tokens) {
   const uint32_t parent = parent_hash == kRootParentHash ? kNone : index_.Find(parent_hash);
   // Children of offloaded blocks are offloaded too (a prefix hit brings a chain back from its
   // root), so a block computed again over an offloaded prefix stays private.
@@ -203,7 +213,21 @@ bool BlockPool::Publish(uint32_t block, uint64_t hash, uint64_t parent_hash) {
     // no longer a leaf.
     if (blocks_[parent].children++ == 0 && evictor_.Contains(parent)) evictor_.Remove(parent);
   }
+  if (events_ != nullptr) {
+    std::copy(tokens.begin(), tokens.end(), event_tokens_.begin() + block * tokens.size());
+    event_parents_[block] = parent_hash;
+    EmitStored(block, Medium::kDevice);
+  }
   return true;
+}
+
+void BlockPool::EmitStored(uint32_t block, Medium medium) {
+  if (events_ == nullptr) return;
+  const BlockMeta& m = blocks_[block];
+  const size_t n = static_cast<size_t>(pages_->options().geometry.block_tokens);
+  events_->Stored(medium, m.hash, event_parents_[block],
+                  absl::MakeConstSpan(event_tokens_).subspan(block * n, n));
+  if (m.format != 0) events_->FormatChanged(medium, m.hash, m.format);
 }
 
 void BlockPool::MoveToPage(uint32_t block, int format, uint32_t page) {
@@ -215,6 +239,17 @@ void BlockPool::MoveToPage(uint32_t block, int format, uint32_t page) {
   }
   b.format = static_cast<uint8_t>(format);
   b.page = page;
+  if (events_ != nullptr && b.indexed) events_->FormatChanged(Medium::kDevice, b.hash, format);
+}
+
+std::vector<IndexedBlock> BlockPool::IndexedBlocks() const {
+  std::vector<IndexedBlock> out;
+  out.reserve(index_.size());
+  for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
+    const BlockMeta& m = blocks_[b];
+    if (m.state != BlockState::kFree && m.indexed) out.push_back({m.hash, m.state, m.format});
+  }
+  return out;
 }
 
 void BlockPool::Fill(CacheStats* s) const {

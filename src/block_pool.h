@@ -16,6 +16,10 @@
 // leaves by their priority and LRU when it needs room. Acquire brings offloaded blocks of a
 // matched prefix back to device pages in their format.
 //
+// Events (block_events.h, docs/events.md). With a sink, the pool reports every indexed block
+// that enters or leaves a tier, and keeps each indexed block's tokens and parent identity for
+// the events of its later moves (4 x block_tokens + 8 bytes per block, only with a sink).
+//
 // Thread-compatible: the cache's mutex guards it.
 #ifndef KVTIER_SRC_BLOCK_POOL_H_
 #define KVTIER_SRC_BLOCK_POOL_H_
@@ -27,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kvtier/stats.h"
+#include "src/block_events.h"
 #include "src/block_table.h"
 #include "src/cache_metrics.h"
 #include "src/evictor.h"
@@ -39,10 +44,10 @@ class BlockPool {
  public:
   static constexpr uint32_t kNone = BlockTable::kNone;
 
-  // `pages`, `backend` and `metrics` must outlive the pool. `host` is the host tier's store
-  // (Memory::kHost), or null for none.
+  // `pages`, `backend`, `metrics` and `events` must outlive the pool. `host` is the host tier's
+  // store (Memory::kHost), or null for none; `events` the event sink, or null for none.
   BlockPool(PageStore* pages, std::unique_ptr<PageStore> host, Backend* backend,
-            CacheMetrics* metrics);
+            CacheMetrics* metrics, BlockEventSink* events);
 
   BlockTable& blocks() { return blocks_; }
   const BlockTable& blocks() const { return blocks_; }
@@ -73,10 +78,11 @@ class BlockPool {
 
   // The indexed block whose prefix hash is `hash`, or kNone.
   uint32_t Find(uint64_t hash) const { return index_.Find(hash); }
-  // Indexes the full block `block` under `hash`, child of the block indexed under
-  // `parent_hash` (kRootParentHash for the first block). False, with nothing changed, when equal
-  // content is already indexed: the block stays private.
-  bool Publish(uint32_t block, uint64_t hash, uint64_t parent_hash);
+  // Indexes the full block `block`, whose token ids are `tokens`, under `hash`, child of the
+  // block indexed under `parent_hash` (kRootParentHash for the first block). False, with
+  // nothing changed, when equal content is already indexed: the block stays private.
+  bool Publish(uint32_t block, uint64_t hash, uint64_t parent_hash,
+               absl::Span<const int32_t> tokens);
 
   // Points `block` at `page` of the colder `format` and retires its old page.
   void MoveToPage(uint32_t block, int format, uint32_t page);
@@ -86,6 +92,9 @@ class BlockPool {
   // Sets the per-tensor scales of `layer` in both tiers. FailedPrecondition, with nothing
   // changed, when either tier holds pages of a format with a per-tensor scale.
   absl::Status SetTensorScales(int layer, float k_amax, float v_amax);
+
+  // Every indexed block: its identity, tier and format (Cache::IndexedBlocks).
+  std::vector<IndexedBlock> IndexedBlocks() const;
 
   // Writes the block, eviction, index and host-tier gauge fields of `stats` (after
   // PageStore::Fill and CacheMetrics::Fill).
@@ -111,6 +120,15 @@ class BlockPool {
   void Relink(uint32_t block);
   // Retires a block's page (in its tier) and frees its metadata.
   void FreeBlock(uint32_t block);
+  // Events (block_events.h): a Stored event for `block` in `medium` (and FormatChanged when it
+  // is not in palette[0]); a Removed event. Nothing without a sink.
+  void EmitStored(uint32_t block, Medium medium);
+  void EmitRemoved(const BlockMeta& m, Medium medium) {
+    if (events_ != nullptr) events_->Removed(medium, m.hash);
+  }
+  static Medium MediumOf(const BlockMeta& m) {
+    return m.state == BlockState::kOffloaded ? Medium::kHost : Medium::kDevice;
+  }
   PageStore& StoreOf(const BlockMeta& m) {
     return m.state == BlockState::kOffloaded ? *host_ : *pages_;
   }
@@ -148,6 +166,7 @@ class BlockPool {
   const std::unique_ptr<PageStore> host_;  // null without a host tier
   Backend* const backend_;
   CacheMetrics* const metrics_;
+  BlockEventSink* const events_;  // null without events
   BlockTable blocks_;
   PrefixIndex index_;
   Evictor evictor_;       // cached device leaves
@@ -157,6 +176,9 @@ class BlockPool {
     uint32_t block, from_format, src_page;
   };
   std::vector<PendingOffload> offloads_;  // in order of offload; empty outside EnsureFreePages
+  // With events: each indexed block's tokens ([block * block_tokens]) and parent identity.
+  std::vector<int32_t> event_tokens_;
+  std::vector<uint64_t> event_parents_;
 };
 
 }  // namespace kvtier

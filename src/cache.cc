@@ -31,12 +31,13 @@ absl::Status Cache::AppendTokens(SequenceId seq, absl::Span<const int32_t> token
 }
 
 absl::StatusOr<std::unique_ptr<Cache>> CreateCache(const Options& options,
-                                                   std::unique_ptr<Backend> backend) {
+                                                   std::unique_ptr<Backend> backend,
+                                                   std::unique_ptr<BlockEventSink> events) {
   KVTIER_RETURN_IF_ERROR(ValidateOptions(options));
   if (backend == nullptr) return absl::InvalidArgumentError("CreateCache: backend is null");
   try {  // metadata is sized from the budget up front: the one allocation that may not fit
     KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<CacheImpl> cache,
-                            CacheImpl::Create(options, std::move(backend)));
+                            CacheImpl::Create(options, std::move(backend), std::move(events)));
     return std::unique_ptr<Cache>(std::move(cache));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -31,8 +31,9 @@ absl::Status CheckSequenceOptions(const SequenceOptions& options, int num_format
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CacheImpl>> CacheImpl::Create(const Options& options,
-                                                             std::unique_ptr<Backend> backend) {
+absl::StatusOr<std::unique_ptr<CacheImpl>> CacheImpl::Create(
+    const Options& options, std::unique_ptr<Backend> backend,
+    std::unique_ptr<BlockEventSink> events) {
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<PageStore> pages,
                           PageStore::Create(options, backend.get()));
   std::unique_ptr<PageStore> host;
@@ -40,20 +41,27 @@ absl::StatusOr<std::unique_ptr<CacheImpl>> CacheImpl::Create(const Options& opti
     KVTIER_ASSIGN_OR_RETURN(host,
                             PageStore::Create(options, backend.get(), PageStore::Memory::kHost));
   }
-  return std::unique_ptr<CacheImpl>(
-      new CacheImpl(options, std::move(backend), std::move(pages), std::move(host)));
+  return std::unique_ptr<CacheImpl>(new CacheImpl(
+      options, std::move(backend), std::move(pages), std::move(host), std::move(events)));
 }
 
 CacheImpl::CacheImpl(const Options& options, std::unique_ptr<Backend> backend,
-                     std::unique_ptr<PageStore> pages, std::unique_ptr<PageStore> host)
+                     std::unique_ptr<PageStore> pages, std::unique_ptr<PageStore> host,
+                     std::unique_ptr<BlockEventSink> events)
     : options_(options),
       backend_(std::move(backend)),
       metrics_(static_cast<int>(options.palette.size())),
+      events_(std::move(events)),
       pages_(std::move(pages)),
-      pool_(pages_.get(), std::move(host), backend_.get(), &metrics_),
+      pool_(pages_.get(), std::move(host), backend_.get(), &metrics_, events_.get()),
       demote_queue_(options.palette.size()) {}
 
-CacheImpl::~CacheImpl() = default;
+CacheImpl::~CacheImpl() {
+  MutexLock lock(&mu_);
+  if (events_ == nullptr) return;
+  events_->AllBlocksCleared();
+  events_->EndStep();
+}
 
 void CacheImpl::DropRef(uint32_t block, const Sequence& seq) {
   if (--pool_[block].ref_count > 0) return;
@@ -73,7 +81,7 @@ void CacheImpl::Attach(Sequence& seq, uint32_t block) {
 
 void CacheImpl::IndexFullTail(Sequence& seq) {
   const uint64_t hash = HashBlock(seq.chain_hash, seq.tail_tokens, seq.extra_key);
-  pool_.Publish(seq.blocks.back(), hash, seq.chain_hash);
+  pool_.Publish(seq.blocks.back(), hash, seq.chain_hash, seq.tail_tokens);
   seq.chain_hash = hash;
   seq.tail_tokens.clear();
 }
@@ -291,6 +299,11 @@ absl::StatusOr<BlockInfo> CacheImpl::GetBlockInfo(BlockId id) const {
                    static_cast<int32_t>(b.ref_count), b.num_tokens};
 }
 
+std::vector<IndexedBlock> CacheImpl::IndexedBlocks() const {
+  MutexLock lock(&mu_);
+  return pool_.IndexedBlocks();
+}
+
 CacheStats CacheImpl::GetStats() const {
   MutexLock lock(&mu_);
   const Geometry& g = options_.geometry;
@@ -301,6 +314,7 @@ CacheStats CacheImpl::GetStats() const {
   s.sequences = sequences_.live_count();
   s.policy = policy_ ? policy_->name : "";
   s.under_pressure = under_pressure_;
+  if (events_ != nullptr) s.events = events_->Stats();
   double bits = 0, blocks = 0;
   for (const FormatStats& fs : s.formats) {
     s.used_bytes += fs.blocks_in_use * fs.page_bytes * g.num_layers;

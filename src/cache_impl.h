@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "kvtier/cache.h"
 #include "src/backend.h"
+#include "src/block_events.h"
 #include "src/block_pool.h"
 #include "src/cache_metrics.h"
 #include "src/mutex.h"
@@ -27,8 +28,11 @@ namespace kvtier {
 class CacheImpl final : public Cache {
  public:
   // REQUIRES: ValidateOptions(options) is OK.
-  static absl::StatusOr<std::unique_ptr<CacheImpl>> Create(const Options& options,
-                                                           std::unique_ptr<Backend> backend);
+  // `events` (or null) receives the block events.
+  static absl::StatusOr<std::unique_ptr<CacheImpl>> Create(
+      const Options& options, std::unique_ptr<Backend> backend,
+      std::unique_ptr<BlockEventSink> events);
+  // Publishes AllBlocksCleared to the event sink, if any.
   ~CacheImpl() override;
 
   const Options& options() const override { return options_; }
@@ -53,11 +57,13 @@ class CacheImpl final : public Cache {
   absl::Status EndStep() override;
   absl::StatusOr<bool> FencePassed(uint64_t fence) override;
   CacheStats GetStats() const override;
+  std::vector<IndexedBlock> IndexedBlocks() const override;
   absl::Status CheckConsistency() const override;
 
  private:
   CacheImpl(const Options& options, std::unique_ptr<Backend> backend,
-            std::unique_ptr<PageStore> pages, std::unique_ptr<PageStore> host);
+            std::unique_ptr<PageStore> pages, std::unique_ptr<PageStore> host,
+            std::unique_ptr<BlockEventSink> events);
 
   int num_formats() const { return static_cast<int>(options_.palette.size()); }
 
@@ -115,6 +121,8 @@ class CacheImpl final : public Cache {
 
   mutable Mutex mu_;
   CacheMetrics metrics_ ABSL_GUARDED_BY(mu_);
+  // Outlives the pool that calls it; its own methods are called under mu_.
+  const std::unique_ptr<BlockEventSink> events_ ABSL_PT_GUARDED_BY(mu_);
   const std::unique_ptr<PageStore> pages_ ABSL_PT_GUARDED_BY(mu_);
   BlockPool pool_ ABSL_GUARDED_BY(mu_);
   SequenceTable sequences_ ABSL_GUARDED_BY(mu_);

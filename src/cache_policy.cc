@@ -45,6 +45,7 @@ absl::Status CacheImpl::EndStep() {
   MutexLock lock(&mu_);
   RunPolicy();
   metrics_.steps += 1;
+  if (events_ != nullptr) events_->EndStep();
   KVTIER_RETURN_IF_ERROR(pages_->EndStep());
   return pool_.EndStep();
 }

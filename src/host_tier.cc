@@ -48,6 +48,7 @@ bool BlockPool::Offload(uint32_t block) {
   }
   // The device page stays retired (unreused) until the copy has run: ReclaimAll waits for it.
   offloads_.push_back({block, m.format, m.page});
+  EmitRemoved(m, Medium::kDevice);
   pages_->Retire(m.format, m.page);
   cached_by_format_[m.format] -= 1;
   m.format = static_cast<uint8_t>(format);
@@ -59,6 +60,7 @@ bool BlockPool::Offload(uint32_t block) {
     blocks_[m.parent].offloaded_children += 1;
     Relink(m.parent);
   }
+  EmitStored(block, Medium::kHost);
   return true;
 }
 
@@ -197,6 +199,11 @@ absl::Status BlockPool::Onload(absl::Span<const uint32_t> blocks) {
     }
     metrics_->host.onloaded_blocks += 1;
     metrics_->host.bytes_onloaded += int64_t{pages_->layout(m.format).page_bytes} * layers;
+  }
+  // In chain order, so that a block's parent is stored before it.
+  for (uint32_t b : blocks) {
+    EmitRemoved(blocks_[b], Medium::kHost);
+    EmitStored(b, Medium::kDevice);
   }
   return absl::OkStatus();
 }

@@ -77,6 +77,13 @@ struct PoolInfo {
   float v_tensor_scale = 1.f;
 };
 
+// One block of the prefix index (Cache::IndexedBlocks).
+struct IndexedBlock {
+  uint64_t hash = 0;  // its prefix identity, as KV events publish it (docs/events.md)
+  BlockState state = BlockState::kFree;  // kInUse or kCached: device tier; kOffloaded: host tier
+  int32_t format = 0;                    // palette index
+};
+
 // How a new sequence is admitted.
 struct SequenceOptions {
   // Prompt tokens to match against cached prefixes: the longest run of whole cached blocks is
@@ -221,6 +228,10 @@ class KVTIER_EXPORT Cache {
   // ---- Introspection ----
 
   virtual CacheStats GetStats() const = 0;
+
+  // Every block of the prefix index, in no particular order: the set of blocks per tier that
+  // KV events describe (docs/events.md). Cost: O(blocks).
+  virtual std::vector<IndexedBlock> IndexedBlocks() const = 0;
 
   // Verifies every internal invariant: each block in exactly one state, reference counts equal
   // references, free + used = capacity per pool, every used page inside a mapped slab.

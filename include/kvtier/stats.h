@@ -56,6 +56,17 @@ struct HostTierStats {
   int64_t bytes_onloaded = 0;    // host -> device bytes, all layers
 };
 
+// KV events (Options::kv_events_endpoint, docs/events.md); all zero without them. Counters
+// since creation.
+struct EventStats {
+  int64_t published_batches = 0;  // KVEventBatch messages sent on the PUB socket
+  int64_t published_events = 0;   // events in them
+  int64_t dropped_batches = 0;    // batches dropped because the publisher's queue was full
+  int64_t dropped_events = 0;     // events in them (a subscriber sees a gap in sequence numbers)
+  int64_t replay_requests = 0;    // requests served on the replay socket
+  int64_t queued_batches = 0;     // gauge: batches waiting for the publisher thread
+};
+
 struct CacheStats {
   int64_t budget_bytes = 0;
   int64_t slab_bytes = 0;             // per layer
@@ -93,6 +104,7 @@ struct CacheStats {
   HistogramStats block_idle_before_evict_seconds;  // cached (unreferenced) time of evicted blocks
   std::vector<MigrationStats> migrations;  // pairs with at least one block
   HostTierStats host;
+  EventStats events;
 };
 
 }  // namespace kvtier
