@@ -87,6 +87,19 @@ void AddTiers(Builder& b, const CacheStats& s) {
   b.Counter("kvtier_host_evicted_blocks_total", "Offloaded blocks dropped to make room in the host tier (part of kvtier_evicted_blocks_total).", static_cast<double>(h.evicted_blocks));
 }
 
+// KV events (docs/events.md); zero without them.
+void AddEvents(Builder& b, const CacheStats& s) {
+  const EventStats& e = s.events;
+  MetricFamily& batches = b.Family("kvtier_events_batches_total", "KV-event batches sent on the PUB socket or dropped because the publisher's queue was full.", MetricType::Counter);
+  Builder::Add(batches, {{"outcome", "published"}}, static_cast<double>(e.published_batches));
+  Builder::Add(batches, {{"outcome", "dropped"}}, static_cast<double>(e.dropped_batches));
+  MetricFamily& events = b.Family("kvtier_events_total", "KV events in those batches.", MetricType::Counter);
+  Builder::Add(events, {{"outcome", "published"}}, static_cast<double>(e.published_events));
+  Builder::Add(events, {{"outcome", "dropped"}}, static_cast<double>(e.dropped_events));
+  b.Counter("kvtier_events_replay_requests_total", "Requests served on the KV-event replay socket.", static_cast<double>(e.replay_requests));
+  b.Gauge("kvtier_events_queued_batches", "KV-event batches waiting for the publisher thread.", static_cast<double>(e.queued_batches));
+}
+
 }  // namespace
 
 std::vector<MetricFamily> MetricFamilies(const Options& options, const CacheStats& s) {
@@ -116,6 +129,7 @@ std::vector<MetricFamily> MetricFamilies(const Options& options, const CacheStat
   MetricFamily& evicted = b.Family("kvtier_evicted_blocks_total", "Cached blocks dropped from the prefix cache.", MetricType::Counter);
   Builder::Add(evicted, {{"reason", "capacity"}}, static_cast<double>(s.evicted_blocks));
   AddTiers(b, s);
+  AddEvents(b, s);
   MetricFamily& migrated = b.Family("kvtier_migrated_blocks_total", "Blocks demoted from one format to another.", MetricType::Counter);
   MetricFamily& migrated_bytes = b.Family("kvtier_migrated_bytes_total", "Bytes read plus written by demotions.", MetricType::Counter);
   for (const MigrationStats& m : s.migrations) {

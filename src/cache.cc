@@ -5,6 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "src/backend.h"
 #include "src/cache_impl.h"
+#if KVTIER_WITH_EVENTS
+#include "src/events/zmq_publisher.h"
+#endif
 #include "src/status_macros.h"
 
 namespace kvtier {
@@ -62,7 +65,16 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(const Options& options) {
 #endif
     }
   }
-  return CreateCache(options, std::move(backend));
+  std::unique_ptr<BlockEventSink> events;
+  if (!options.kv_events_endpoint.empty()) {
+#if KVTIER_WITH_EVENTS
+    KVTIER_ASSIGN_OR_RETURN(events, MakeZmqEventPublisher(options));
+#else
+    return absl::UnimplementedError(
+        "Options.kv_events_endpoint: this build of kvtier has no KV events (KVTIER_WITH_EVENTS)");
+#endif
+  }
+  return CreateCache(options, std::move(backend), std::move(events));
 }
 
 }  // namespace kvtier

@@ -111,6 +111,17 @@ absl::Status CheckHostTier(const Options& o, uint64_t densest) {
                     static_cast<int64_t>(o.palette.size()) - 1);
 }
 
+// KV events: the endpoints are checked by ZeroMQ when the cache binds them.
+absl::Status CheckEvents(const Options& o) {
+  if (o.kv_events_endpoint.empty() && !o.kv_events_replay_endpoint.empty()) {
+    return Invalid("kv_events_replay_endpoint", "is set but kv_events_endpoint is empty");
+  }
+  constexpr int64_t kMaxBatches = int64_t{1} << 20;
+  KVTIER_RETURN_IF_ERROR(
+      CheckRange("kv_events_replay_batches", o.kv_events_replay_batches, 1, kMaxBatches));
+  return CheckRange("kv_events_queue_batches", o.kv_events_queue_batches, 1, kMaxBatches);
+}
+
 }  // namespace
 
 absl::Status ValidateOptions(const Options& o) {
@@ -140,6 +151,7 @@ absl::Status ValidateOptions(const Options& o) {
   KVTIER_RETURN_IF_ERROR(CheckPalette(o, &densest));
   KVTIER_RETURN_IF_ERROR(CheckBudget(o, densest));
   KVTIER_RETURN_IF_ERROR(CheckHostTier(o, densest));
+  KVTIER_RETURN_IF_ERROR(CheckEvents(o));
   s = CheckAmax("k_tensor_amax", o.k_tensor_amax, g.num_layers);
   if (s.ok()) s = CheckAmax("v_tensor_amax", o.v_tensor_amax, g.num_layers);
   return s;

@@ -47,6 +47,10 @@ TEST(PrometheusExporterTest, ExportsTheDocumentedMetricsWithTheSnapshotsValues) 
            "kvtier_nonfinite_values_total 0",
            "kvtier_demotions_under_pressure_total 0",
            "kvtier_sequences 2",
+           "kvtier_events_batches_total{outcome=\"dropped\"} 0",
+           "kvtier_events_total{outcome=\"published\"} 0",
+           "kvtier_events_replay_requests_total 0",
+           "kvtier_events_queued_batches 0",
        }) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
   }

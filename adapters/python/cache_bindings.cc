@@ -82,6 +82,13 @@ py::dict StatsDict(const CacheStats& s) {
       "evicted_blocks"_a = h.evicted_blocks, "offload_failures"_a = h.offload_failures,
       "onload_failures"_a = h.onload_failures, "hit_tokens"_a = h.hit_tokens,
       "bytes_offloaded"_a = h.bytes_offloaded, "bytes_onloaded"_a = h.bytes_onloaded);
+  const EventStats& e = s.events;
+  d["events"] = py::dict("published_batches"_a = e.published_batches,
+                         "published_events"_a = e.published_events,
+                         "dropped_batches"_a = e.dropped_batches,
+                         "dropped_events"_a = e.dropped_events,
+                         "replay_requests"_a = e.replay_requests,
+                         "queued_batches"_a = e.queued_batches);
   return d;
 }
 
@@ -91,10 +98,17 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
                                    std::optional<std::string> policy, int64_t slab_bytes,
                                    std::vector<float> k_tensor_amax,
                                    std::vector<float> v_tensor_amax, const std::string& backend,
-                                   int64_t host_tier_bytes, int32_t host_tier_format) {
+                                   int64_t host_tier_bytes, int32_t host_tier_format,
+                                   std::string kv_events_endpoint,
+                                   std::string kv_events_replay_endpoint,
+                                   std::string kv_events_topic, bool kv_events_format_changes) {
   Options o;
   o.host_tier_bytes = static_cast<size_t>(std::max<int64_t>(host_tier_bytes, 0));
   o.host_tier_format = host_tier_format;
+  o.kv_events_endpoint = std::move(kv_events_endpoint);
+  o.kv_events_replay_endpoint = std::move(kv_events_replay_endpoint);
+  o.kv_events_topic = std::move(kv_events_topic);
+  o.kv_events_format_changes = kv_events_format_changes;
   o.geometry = Geometry{num_layers, num_kv_heads, head_dim, block_tokens};
   o.memory_budget_bytes = static_cast<size_t>(budget_bytes);
   o.slab_bytes = static_cast<size_t>(slab_bytes);
@@ -128,11 +142,14 @@ void BindShape(CacheClass& cache) {
            "policy"_a = py::none(), "slab_bytes"_a = int64_t{2} << 20,
            "k_tensor_amax"_a = std::vector<float>{}, "v_tensor_amax"_a = std::vector<float>{},
            "backend"_a = "cpu", "host_tier_bytes"_a = 0, "host_tier_format"_a = -1,
+           "kv_events_endpoint"_a = "", "kv_events_replay_endpoint"_a = "",
+           "kv_events_topic"_a = "", "kv_events_format_changes"_a = false,
            "Creates a cache. `palette`: format names, hottest first (default: the policy's "
            "palette, else ['fp16']); `policy`: a preset name or a JSON file path; "
            "`host_tier_bytes`: host memory below the device pools for offloaded blocks "
            "(docs/tiers.md; 0: none), `host_tier_format`: the palette index they are stored in "
-           "(-1: their own).")
+           "(-1: their own); `kv_events_*`: KV events for routers, as the Options fields of the "
+           "same names (docs/events.md).")
       .def_property_readonly("num_layers", [](const PyCache& c) { return c.geometry().num_layers; })
       .def_property_readonly("num_kv_heads",
                              [](const PyCache& c) { return c.geometry().num_kv_heads; })
@@ -249,6 +266,18 @@ void BindData(CacheClass& cache) {
       .def("end_step", [](PyCache& c) { Check((*c).EndStep()); })
       .def("check_consistency", [](const PyCache& c) { Check((*c).CheckConsistency()); })
       .def("stats", [](const PyCache& c) { return StatsDict((*c).GetStats()); })
+      .def(
+          "indexed_blocks",
+          [](const PyCache& c) {
+            py::list out;
+            for (const IndexedBlock& b : (*c).IndexedBlocks()) {
+              out.append(py::make_tuple(
+                  b.hash, b.state == BlockState::kOffloaded ? "CPU" : "GPU", b.format));
+            }
+            return out;
+          },
+          "Every block of the prefix index as (hash, medium, palette index): medium 'GPU' for "
+          "the device tier, 'CPU' for the host tier, as KV events name them.")
       .def("pool",
            [](const PyCache& c, int32_t format, int32_t layer) {
              const PoolInfo p = Value((*c).GetPool(format, layer));

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -75,6 +76,28 @@ struct Options {
 
   // Where pages live. REQUIRES: one of the BackendKind values. Default: kCpu.
   BackendKind backend = BackendKind::kCpu;
+
+  // KV events for routers (docs/events.md): vLLM's KVEventBatch (BlockStored, BlockRemoved,
+  // AllBlocksCleared, `medium` "GPU" for the device tier and "CPU" for the host tier), one
+  // batch per EndStep, published on a ZeroMQ PUB socket at this endpoint by a thread of the
+  // cache; the step never waits for the socket. As vLLM: an endpoint with "*", "::", ipc:// or
+  // inproc:// is bound, any other is connected to. Needs a build with KVTIER_WITH_EVENTS.
+  // Default: empty (no events, and no cost).
+  std::string kv_events_endpoint;
+  // A ZeroMQ ROUTER endpoint (bound) that replays buffered batches from a sequence number, as
+  // vLLM's replay socket. REQUIRES: empty unless kv_events_endpoint is set. Default: empty (none).
+  std::string kv_events_replay_endpoint;
+  // The topic frame of every message. Default: empty (vLLM's default).
+  std::string kv_events_topic;
+  // Batches kept for replay. REQUIRES: 1 to 2^20. Default: 10000 (vLLM's buffer_steps).
+  int32_t kv_events_replay_batches = 10000;
+  // Batches waiting for the publisher thread; a batch that finds the queue full is dropped and
+  // counted (EventStats), leaving a gap in sequence numbers. REQUIRES: 1 to 2^20. Default: 1024.
+  int32_t kv_events_queue_batches = 1024;
+  // Also publish kvtier's extension event BlockFormatChanged (a block's precision changed). A
+  // strict decoder of vLLM's schema rejects a batch with an unknown tag: turn on only for
+  // subscribers that skip unknown events. Default: false.
+  bool kv_events_format_changes = false;
 };
 
 // OK when `options` describes a cache that can be created; otherwise InvalidArgument naming

@@ -1,0 +1,159 @@
+// The KV-event publisher behind Options::kv_events_endpoint (src/events/zmq_publisher.h):
+// refused endpoints, the PUB wire format [topic, seq, payload], the replay socket and its end
+// marker, and the event counters.
+#include <unistd.h>
+
+#include <msgpack.hpp>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kvtier/cache.h"
+#include "tests/test_util.h"
+
+namespace kvtier {
+namespace {
+
+using ::kvtier::testing::Tokens;
+
+std::string Ipc(const std::string& name) {
+  return "ipc:///tmp/kvtier-test-" + std::to_string(getpid()) + "-" + name;
+}
+
+uint64_t BigEndian(const zmq::message_t& m) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < m.size(); ++i) v = (v << 8) | static_cast<const uint8_t*>(m.data())[i];
+  return v;
+}
+
+// The tag of each event of a batch's payload.
+std::vector<std::string> Tags(const zmq::message_t& payload) {
+  const msgpack::object_handle h =
+      msgpack::unpack(static_cast<const char*>(payload.data()), payload.size());
+  std::vector<std::string> tags;
+  const msgpack::object& events = h.get().via.array.ptr[1];
+  for (uint32_t i = 0; i < events.via.array.size; ++i) {
+    tags.push_back(events.via.array.ptr[i].via.array.ptr[0].as<std::string>());
+  }
+  return tags;
+}
+
+Options EventOptions(const std::string& name) {
+  Options o = testing::SmallOptions();
+  o.kv_events_endpoint = Ipc(name);
+  o.kv_events_replay_endpoint = Ipc(name + "-replay");
+  o.kv_events_topic = "kv@test";
+  return o;
+}
+
+TEST(ZmqPublisherTest, RefusedEndpointsAreInvalidArgumentsNamingThem) {
+  Options o = testing::SmallOptions();
+  o.kv_events_endpoint = "nonsense://x";
+  absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
+  ASSERT_TRUE(absl::IsInvalidArgument(cache.status())) << cache.status();
+  EXPECT_NE(cache.status().message().find("Options.kv_events_endpoint 'nonsense://x'"),
+            std::string::npos);
+  o.kv_events_endpoint = Ipc("refused");
+  o.kv_events_replay_endpoint = "tcp://no-such-interface-name:1";
+  cache = Cache::Create(o);
+  ASSERT_TRUE(absl::IsInvalidArgument(cache.status())) << cache.status();
+  EXPECT_NE(cache.status().message().find("kv_events_replay_endpoint"), std::string::npos);
+  o.kv_events_endpoint.clear();  // replay without events
+  EXPECT_TRUE(absl::IsInvalidArgument(Cache::Create(o).status()));
+  o = testing::SmallOptions();
+  o.kv_events_endpoint = Ipc("refused");
+  o.kv_events_queue_batches = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(Cache::Create(o).status()));
+  // The endpoint that failed was released: a cache can bind it now.
+  o.kv_events_queue_batches = 8;
+  EXPECT_TRUE(Cache::Create(o).ok());
+}
+
+TEST(ZmqPublisherTest, PublishesOneBatchPerStepAndReplaysFromASequenceNumber) {
+  const Options o = EventOptions("publish");
+  zmq::context_t context(1);
+  zmq::socket_t sub(context, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "kv@test");
+  sub.set(zmq::sockopt::rcvtimeo, 5000);
+  sub.connect(o.kv_events_endpoint);
+  std::unique_ptr<Cache> cache = testing::MustCreate(o);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the subscription arrives
+  const SequenceId id = cache->AddSequence().value();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->AppendTokens(id, Tokens(40, 1), &slots).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  ASSERT_TRUE(cache->EndStep().ok());  // nothing happened: no batch
+  ASSERT_TRUE(cache->Release(id).ok());
+  ASSERT_TRUE(cache->AppendTokens(cache->AddSequence().value(), Tokens(20, 9), &slots).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+
+  std::vector<zmq::message_t> parts;
+  for (uint64_t seq = 0; seq < 2; ++seq) {
+    parts.clear();
+    ASSERT_TRUE(zmq::recv_multipart(sub, std::back_inserter(parts)));
+    ASSERT_EQ(parts.size(), 3u);
+    EXPECT_EQ(parts[0].to_string(), "kv@test");
+    ASSERT_EQ(parts[1].size(), 8u);
+    EXPECT_EQ(BigEndian(parts[1]), seq);
+    EXPECT_EQ(Tags(parts[2]), std::vector<std::string>{"BlockStored"});
+  }
+
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::rcvtimeo, 5000);
+  dealer.connect(o.kv_events_replay_endpoint);
+  const unsigned char start[8] = {0, 0, 0, 0, 0, 0, 0, 1};
+  dealer.send(zmq::message_t(), zmq::send_flags::sndmore);
+  dealer.send(zmq::buffer(start), zmq::send_flags::none);
+  parts.clear();
+  ASSERT_TRUE(zmq::recv_multipart(dealer, std::back_inserter(parts)));
+  ASSERT_EQ(parts.size(), 3u);  // "", seq, payload
+  EXPECT_EQ(BigEndian(parts[1]), 1u);
+  parts.clear();
+  ASSERT_TRUE(zmq::recv_multipart(dealer, std::back_inserter(parts)));
+  ASSERT_EQ(parts.size(), 3u);  // the end marker: -1, ""
+  EXPECT_EQ(BigEndian(parts[1]), UINT64_MAX);
+  EXPECT_EQ(parts[2].size(), 0u);
+
+  const EventStats s = cache->GetStats().events;
+  EXPECT_EQ(s.published_batches, 2);
+  EXPECT_EQ(s.published_events, 2);
+  EXPECT_EQ(s.dropped_batches, 0);
+  EXPECT_EQ(s.replay_requests, 1);
+
+  cache.reset();  // the last batch: AllBlocksCleared
+  parts.clear();
+  ASSERT_TRUE(zmq::recv_multipart(sub, std::back_inserter(parts)));
+  EXPECT_EQ(BigEndian(parts[1]), 2u);
+  EXPECT_EQ(Tags(parts[2]), std::vector<std::string>{"AllBlocksCleared"});
+}
+
+TEST(ZmqPublisherTest, EveryBatchIsPublishedOrCountedAsDropped) {
+  Options o = EventOptions("drops");
+  o.kv_events_queue_batches = 1;
+  std::unique_ptr<Cache> cache = testing::MustCreate(o);
+  std::vector<int64_t> slots;
+  constexpr int kSteps = 300;
+  for (int i = 0; i < kSteps; ++i) {
+    const SequenceId id = cache->AddSequence().value();
+    ASSERT_TRUE(cache->AppendTokens(id, Tokens(16, 1000 * i), &slots).ok());
+    ASSERT_TRUE(cache->Release(id).ok());
+    ASSERT_TRUE(cache->EndStep().ok());
+  }
+  EventStats s;
+  for (int wait = 0; wait < 500; ++wait) {
+    s = cache->GetStats().events;
+    if (s.published_batches + s.dropped_batches == kSteps) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.published_batches + s.dropped_batches, kSteps);
+  EXPECT_EQ(s.published_events + s.dropped_events, kSteps);
+  EXPECT_EQ(s.queued_batches, 0);
+}
+
+}  // namespace
+}  // namespace kvtier
