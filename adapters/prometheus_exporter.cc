@@ -73,8 +73,10 @@ void AddTiers(Builder& b, const CacheStats& s) {
   Builder::Add(capacity, {{"tier", "device"}}, static_cast<double>(s.budget_bytes));
   Builder::Add(capacity, {{"tier", "host"}}, static_cast<double>(h.budget_bytes));
   MetricFamily& hits = b.Family("kvtier_tier_hit_tokens_total", "Prompt tokens found in the prefix cache, by the tier that held them.", MetricType::Counter);
-  Builder::Add(hits, {{"tier", "device"}}, static_cast<double>(s.prefix_hit_tokens - h.hit_tokens));
+  Builder::Add(hits, {{"tier", "device"}},
+               static_cast<double>(s.prefix_hit_tokens - h.hit_tokens - s.remote.hit_tokens));
   Builder::Add(hits, {{"tier", "host"}}, static_cast<double>(h.hit_tokens));
+  Builder::Add(hits, {{"tier", "remote"}}, static_cast<double>(s.remote.hit_tokens));
   MetricFamily& moved = b.Family("kvtier_tier_moved_blocks_total", "Blocks copied between the tiers.", MetricType::Counter);
   Builder::Add(moved, {{"direction", "offload"}}, static_cast<double>(h.offloaded_blocks));
   Builder::Add(moved, {{"direction", "onload"}}, static_cast<double>(h.onloaded_blocks));
@@ -98,6 +100,27 @@ void AddEvents(Builder& b, const CacheStats& s) {
   Builder::Add(events, {{"outcome", "dropped"}}, static_cast<double>(e.dropped_events));
   b.Counter("kvtier_events_replay_requests_total", "Requests served on the KV-event replay socket.", static_cast<double>(e.replay_requests));
   b.Gauge("kvtier_events_queued_batches", "KV-event batches waiting for the publisher thread.", static_cast<double>(e.queued_batches));
+}
+
+// The remote tier (docs/tiers.md); zero without one.
+void AddRemote(Builder& b, const RemoteTierStats& r) {
+  b.Gauge("kvtier_remote_connected", "1 while the remote tier's lookup connection is up.", r.connected ? 1 : 0);
+  b.Gauge("kvtier_remote_queued_blocks", "Blocks waiting to be written to the remote tier.", static_cast<double>(r.queued_blocks));
+  MetricFamily& blocks = b.Family("kvtier_remote_blocks_total", "Blocks read from the remote tier and attached, and blocks written to it.", MetricType::Counter);
+  Builder::Add(blocks, {{"op", "read"}}, static_cast<double>(r.hit_blocks));
+  Builder::Add(blocks, {{"op", "write"}}, static_cast<double>(r.written_blocks));
+  MetricFamily& bytes = b.Family("kvtier_remote_bytes_total", "Value bytes read from and written to the remote tier.", MetricType::Counter);
+  Builder::Add(bytes, {{"op", "read"}}, static_cast<double>(r.bytes_read));
+  Builder::Add(bytes, {{"op", "write"}}, static_cast<double>(r.bytes_written));
+  b.Counter("kvtier_remote_misses_total", "Remote lookups that ended before the prompt's last block (a missing or unusable value).", static_cast<double>(r.missed_blocks));
+  MetricFamily& errors = b.Family("kvtier_remote_errors_total", "Remote tier failures by kind: each a miss or a dropped write.", MetricType::Counter);
+  const std::pair<const char*, int64_t> kinds[] = {
+      {"unavailable", r.unavailable}, {"timeout", r.timeouts}, {"corrupt", r.corrupt_values},
+      {"mismatch", r.mismatched_values}, {"server_error", r.server_errors},
+      {"queue_full", r.dropped_writes}, {"import", r.import_failures}};
+  for (const auto& [kind, n] : kinds) Builder::Add(errors, {{"kind", kind}}, static_cast<double>(n));
+  b.Counter("kvtier_remote_reconnects_total", "Connections to the remote tier made after the first.", static_cast<double>(r.reconnects));
+  b.Histogram("kvtier_remote_lookup_duration_seconds", "Wall time of one AddSequence lookup in the remote tier.", r.lookup_seconds);
 }
 
 }  // namespace
@@ -130,6 +153,7 @@ std::vector<MetricFamily> MetricFamilies(const Options& options, const CacheStat
   Builder::Add(evicted, {{"reason", "capacity"}}, static_cast<double>(s.evicted_blocks));
   AddTiers(b, s);
   AddEvents(b, s);
+  AddRemote(b, s.remote);
   MetricFamily& migrated = b.Family("kvtier_migrated_blocks_total", "Blocks demoted from one format to another.", MetricType::Counter);
   MetricFamily& migrated_bytes = b.Family("kvtier_migrated_bytes_total", "Bytes read plus written by demotions.", MetricType::Counter);
   for (const MigrationStats& m : s.migrations) {

@@ -41,20 +41,31 @@ absl::StatusOr<std::unique_ptr<CacheImpl>> CacheImpl::Create(
     KVTIER_ASSIGN_OR_RETURN(host,
                             PageStore::Create(options, backend.get(), PageStore::Memory::kHost));
   }
-  return std::unique_ptr<CacheImpl>(new CacheImpl(
-      options, std::move(backend), std::move(pages), std::move(host), std::move(events)));
+  std::unique_ptr<RemoteTier> remote;
+  std::unique_ptr<RemoteStaging> staging;
+  if (!options.remote_tier_url.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(staging, RemoteStaging::Create(options, backend.get()));
+    KVTIER_ASSIGN_OR_RETURN(remote, RemoteTier::Create(options));
+  }
+  return std::unique_ptr<CacheImpl>(new CacheImpl(options, std::move(backend), std::move(pages),
+                                                  std::move(host), std::move(events),
+                                                  std::move(remote), std::move(staging)));
 }
 
 CacheImpl::CacheImpl(const Options& options, std::unique_ptr<Backend> backend,
                      std::unique_ptr<PageStore> pages, std::unique_ptr<PageStore> host,
-                     std::unique_ptr<BlockEventSink> events)
+                     std::unique_ptr<BlockEventSink> events,
+                     std::unique_ptr<RemoteTier> remote,
+                     std::unique_ptr<RemoteStaging> staging)
     : options_(options),
       backend_(std::move(backend)),
       metrics_(static_cast<int>(options.palette.size())),
       events_(std::move(events)),
       pages_(std::move(pages)),
       pool_(pages_.get(), std::move(host), backend_.get(), &metrics_, events_.get()),
-      demote_queue_(options.palette.size()) {}
+      demote_queue_(options.palette.size()),
+      remote_(std::move(remote)),
+      staging_(std::move(staging)) {}
 
 CacheImpl::~CacheImpl() {
   MutexLock lock(&mu_);
@@ -81,7 +92,10 @@ void CacheImpl::Attach(Sequence& seq, uint32_t block) {
 
 void CacheImpl::IndexFullTail(Sequence& seq) {
   const uint64_t hash = HashBlock(seq.chain_hash, seq.tail_tokens, seq.extra_key);
-  pool_.Publish(seq.blocks.back(), hash, seq.chain_hash, seq.tail_tokens);
+  if (pool_.Publish(seq.blocks.back(), hash, seq.chain_hash, seq.tail_tokens) &&
+      remote_ != nullptr) {
+    QueueRemoteWrite(seq.blocks.back(), hash);
+  }
   seq.chain_hash = hash;
   seq.tail_tokens.clear();
 }
@@ -89,6 +103,8 @@ void CacheImpl::IndexFullTail(Sequence& seq) {
 absl::StatusOr<AddResult> CacheImpl::AddSequence(const SequenceOptions& options) {
   KVTIER_RETURN_IF_ERROR(CheckSequenceOptions(options, num_formats()));
   const int64_t s = options_.geometry.block_tokens;
+  // Before the mutex: other threads' steps never wait for Redis.
+  const RemoteFetch fetched = FetchRemote(options);
   MutexLock lock(&mu_);
   const SequenceId id = sequences_.Add();
   Sequence& seq = *sequences_.Find(id);
@@ -112,9 +128,17 @@ absl::StatusOr<AddResult> CacheImpl::AddSequence(const SequenceOptions& options)
   }
   int64_t onloaded = 0;
   uint64_t ready_fence = 0;
-  const int64_t matched = static_cast<int64_t>(pool_.Acquire(chain, &onloaded, &ready_fence));
-  for (int64_t i = 0; i < matched; ++i) Attach(seq, chain[i]);
-  if (matched > 0) seq.chain_hash = hashes[matched - 1];
+  const int64_t local = static_cast<int64_t>(pool_.Acquire(chain, &onloaded, &ready_fence));
+  for (int64_t i = 0; i < local; ++i) Attach(seq, chain[i]);
+  if (local > 0) seq.chain_hash = hashes[local - 1];
+  // Remote blocks continue an unbroken local chain only.
+  const int64_t remote =
+      local == static_cast<int64_t>(chain.size()) ? ImportRemote(seq, fetched, local) : 0;
+  if (remote > 0 && !backend_->synchronous()) {
+    const absl::StatusOr<uint64_t> fence = backend_->RecordFence();
+    ready_fence = fence.ok() ? *fence : ready_fence;
+  }
+  const int64_t matched = local + remote;
   seq.num_tokens = matched * s;
   metrics_.tokens += seq.num_tokens;
   metrics_.prefix_queried_tokens += n;
@@ -122,7 +146,7 @@ absl::StatusOr<AddResult> CacheImpl::AddSequence(const SequenceOptions& options)
   metrics_.prefix_hit_blocks += matched;
   metrics_.prefix_missed_blocks += n / s - matched;
   metrics_.host.hit_tokens += onloaded * s;
-  return AddResult{id, matched * s, onloaded * s, ready_fence};
+  return AddResult{id, matched * s, onloaded * s, remote * s, ready_fence};
 }
 
 absl::StatusOr<int64_t> CacheImpl::PlanAppend(absl::Span<const SequenceId> batch,
@@ -311,6 +335,7 @@ CacheStats CacheImpl::GetStats() const {
   pages_->Fill(&s);
   metrics_.Fill(&s);
   pool_.Fill(&s);
+  if (remote_ != nullptr) remote_->Fill(&s.remote);
   s.sequences = sequences_.live_count();
   s.policy = policy_ ? policy_->name : "";
   s.under_pressure = under_pressure_;

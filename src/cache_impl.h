@@ -3,7 +3,8 @@
 // (pools, slabs, reclamation), with a backend that moves the bytes. One mutex guards all state.
 //
 // Files: cache_impl.cc (sequences, sharing, matching), cache_data.cc (K/V in and out, page
-// tables, pools), cache_policy.cc (the policy pass and demotion), consistency_check.cc.
+// tables, pools), cache_policy.cc (the policy pass and demotion), cache_remote.cc (the remote
+// tier's reads and writes), consistency_check.cc.
 #ifndef KVTIER_SRC_CACHE_IMPL_H_
 #define KVTIER_SRC_CACHE_IMPL_H_
 
@@ -21,6 +22,9 @@
 #include "src/cache_metrics.h"
 #include "src/mutex.h"
 #include "src/page_store.h"
+#include "src/remote_block_codec.h"
+#include "src/remote_staging.h"
+#include "src/remote_tier.h"
 #include "src/sequence_table.h"
 
 namespace kvtier {
@@ -63,7 +67,18 @@ class CacheImpl final : public Cache {
  private:
   CacheImpl(const Options& options, std::unique_ptr<Backend> backend,
             std::unique_ptr<PageStore> pages, std::unique_ptr<PageStore> host,
-            std::unique_ptr<BlockEventSink> events);
+            std::unique_ptr<BlockEventSink> events, std::unique_ptr<RemoteTier> remote,
+            std::unique_ptr<RemoteStaging> staging);
+
+  // What AddSequence found in the remote tier before taking the mutex.
+  struct RemoteFetch {
+    absl::Span<const int32_t> prompt;   // SequenceOptions::prompt
+    int64_t first = 0;                  // the first prompt block looked up
+    std::vector<uint64_t> hashes;       // of every matchable prompt block
+    std::vector<std::string> values;    // the leading values found from `first` on
+    std::vector<DecodedBlock> blocks;   // the leading valid ones, into `values`
+    std::vector<uint64_t> scales_digest;  // [format] that they were checked against
+  };
 
   int num_formats() const { return static_cast<int>(options_.palette.size()); }
 
@@ -88,6 +103,22 @@ class CacheImpl final : public Cache {
   // Replaces the shared partial tail of `seq` with a private copy.
   // REQUIRES: a free page of the hot format.
   absl::Status CopyTail(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The remote tier (cache_remote.cc).
+  // Looks up the prompt blocks after the local match in Redis. Takes mu_ briefly.
+  RemoteFetch FetchRemote(const SequenceOptions& options) ABSL_LOCKS_EXCLUDED(mu_);
+  // Attaches to `seq`, whose first `matched` prompt blocks are attached, the fetched blocks
+  // that follow them, each in a new device page and published in the index. Returns how many.
+  int64_t ImportRemote(Sequence& seq, const RemoteFetch& fetched, int64_t matched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ImportBlock(Sequence& seq, uint64_t hash, const DecodedBlock& block,
+                   absl::Span<const int32_t> tokens)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues block `block`, just indexed under `hash`, for the next StageRemoteWrites.
+  void QueueRemoteWrite(uint32_t block, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies the queued blocks still indexed on the device into values for the writer thread.
+  void StageRemoteWrites() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RemoteBlockSpec RemoteSpec() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // K/V in and out (cache_data.cc).
   absl::Status CheckLayer(int32_t layer) const;
@@ -142,6 +173,16 @@ class CacheImpl final : public Cache {
   bool under_pressure_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<SequenceId> dirty_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<uint32_t>> demote_queue_ ABSL_GUARDED_BY(mu_);  // [target format]
+
+  // The remote tier (thread-safe itself), null without one, and the blocks indexed since the
+  // last EndStep that it should receive.
+  const std::unique_ptr<RemoteTier> remote_;
+  const std::unique_ptr<RemoteStaging> staging_ ABSL_PT_GUARDED_BY(mu_);  // with remote_
+  struct PendingWrite {
+    BlockId id;
+    uint64_t hash;
+  };
+  std::vector<PendingWrite> remote_pending_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier

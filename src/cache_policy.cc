@@ -43,6 +43,7 @@ absl::Status CacheImpl::SetPolicy(const Policy& policy) {
 
 absl::Status CacheImpl::EndStep() {
   MutexLock lock(&mu_);
+  if (remote_ != nullptr) StageRemoteWrites();
   RunPolicy();
   metrics_.steps += 1;
   if (events_ != nullptr) events_->EndStep();

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/page_layout.h"
+#include "src/redis_connection.h"
 #include "src/status_macros.h"
 
 namespace kvtier {
@@ -122,6 +123,27 @@ absl::Status CheckEvents(const Options& o) {
   return CheckRange("kv_events_queue_batches", o.kv_events_queue_batches, 1, kMaxBatches);
 }
 
+// The remote tier: off, or a redis:// URL with a model id; its bounds either way.
+absl::Status CheckRemoteTier(const Options& o) {
+  absl::Status s = CheckRange("remote_timeout_ms", o.remote_timeout_ms, 1, 10000);
+  if (s.ok()) s = CheckRange("remote_write_queue_blocks", o.remote_write_queue_blocks, 1, 65536);
+  if (s.ok()) s = CheckRange("remote_max_fetch_blocks", o.remote_max_fetch_blocks, 1, 4096);
+  if (!s.ok()) return s;
+  if (o.remote_model_id.size() > 256) {
+    return Invalid("remote_model_id", absl::StrCat("is ", o.remote_model_id.size(),
+                                                   " bytes long, more than 256"));
+  }
+  if (o.remote_tier_url.empty()) return absl::OkStatus();
+  if (absl::StatusOr<RedisAddress> a = ParseRedisUrl(o.remote_tier_url); !a.ok()) {
+    return Invalid("remote_tier_url", a.status().message());
+  }
+  if (o.remote_model_id.empty()) {
+    return Invalid("remote_model_id",
+                   "is empty: a remote tier needs it, so that models never share blocks");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateOptions(const Options& o) {
@@ -152,6 +174,7 @@ absl::Status ValidateOptions(const Options& o) {
   KVTIER_RETURN_IF_ERROR(CheckBudget(o, densest));
   KVTIER_RETURN_IF_ERROR(CheckHostTier(o, densest));
   KVTIER_RETURN_IF_ERROR(CheckEvents(o));
+  KVTIER_RETURN_IF_ERROR(CheckRemoteTier(o));
   s = CheckAmax("k_tensor_amax", o.k_tensor_amax, g.num_layers);
   if (s.ok()) s = CheckAmax("v_tensor_amax", o.v_tensor_amax, g.num_layers);
   return s;

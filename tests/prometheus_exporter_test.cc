@@ -69,5 +69,32 @@ TEST(PrometheusExporterTest, ExportsTheDocumentedMetricsWithTheSnapshotsValues) 
   }
 }
 
+TEST(PrometheusExporterTest, ExportsTheRemoteTierByKind) {
+  Options o = testing::SmallOptions();
+  o.remote_tier_url = "redis://127.0.0.1:1";  // nothing listens there: connection refused
+  o.remote_model_id = "m";
+  auto cache = testing::MustCreate(o);
+  SequenceOptions options;
+  options.prompt = testing::Tokens(40, 0);
+  ASSERT_TRUE(cache->AddSequence(options).ok());
+  const std::string text = Scrape(*cache);
+  for (const char* line : {
+           "kvtier_remote_errors_total{kind=\"unavailable\"} 1",
+           "kvtier_remote_errors_total{kind=\"timeout\"} 0",
+           "kvtier_remote_errors_total{kind=\"corrupt\"} 0",
+           "kvtier_remote_errors_total{kind=\"queue_full\"} 0",
+           "kvtier_remote_blocks_total{op=\"read\"} 0",
+           "kvtier_remote_bytes_total{op=\"write\"} 0",
+           "kvtier_remote_misses_total 1",
+           "kvtier_remote_connected 0",
+           "kvtier_remote_queued_blocks 0",
+           "kvtier_remote_reconnects_total 0",
+           "kvtier_remote_lookup_duration_seconds_count 1",
+           "kvtier_tier_hit_tokens_total{tier=\"remote\"} 0",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier

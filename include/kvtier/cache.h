@@ -109,9 +109,10 @@ struct AddResult {
   SequenceId id;
   int64_t cached_tokens = 0;  // prompt tokens found in the cache (a multiple of block_tokens)
   int64_t host_tokens = 0;    // of which brought back from the host tier
-  // A fence that passes once the blocks brought back from the host tier hold their data
-  // (Cache::FencePassed); 0 when none was. Work on the CUDA backend's stream, or on the legacy
-  // default stream, is ordered after the copies anyway.
+  int64_t remote_tokens = 0;  // of which read from the remote tier (Options::remote_tier_url)
+  // A fence that passes once the blocks brought back from the host tier or read from the
+  // remote tier hold their data (Cache::FencePassed); 0 when none was. Work on the CUDA
+  // backend's stream, or on the legacy default stream, is ordered after the copies anyway.
   uint64_t ready_fence = 0;
 };
 
@@ -132,7 +133,10 @@ class KVTIER_EXPORT Cache {
   // ---- Sequences ----
 
   // A new sequence, attached to the longest cached prefix of `options.prompt`. Matched blocks
-  // gain a reference. InvalidArgument for an out-of-range coldest_format or priority.
+  // gain a reference. With a remote tier, the blocks after the local match are looked up in
+  // Redis before the cache's mutex is taken, waiting up to Options::remote_timeout_ms; a remote
+  // failure is only a shorter match. InvalidArgument for an out-of-range coldest_format or
+  // priority.
   virtual absl::StatusOr<AddResult> AddSequence(const SequenceOptions& options) = 0;
   // A new, empty sequence with default options.
   absl::StatusOr<SequenceId> AddSequence();
@@ -219,7 +223,10 @@ class KVTIER_EXPORT Cache {
 
   // Ends a decode step: runs the policy (demotions planned from the sequences that grew, and
   // window shrinking under pressure), records the backend fence for work issued so far, returns
-  // pages whose fences have passed to their slabs and empty slabs to the budget.
+  // pages whose fences have passed to their slabs and empty slabs to the budget. With a remote
+  // tier, first copies the blocks that filled and were indexed since the last EndStep (their
+  // K/V written by now) into host buffers and queues them for Redis (on CUDA that copy waits
+  // for the stream to reach it).
   virtual absl::Status EndStep() = 0;
   // True once the device work issued before `fence` (AddResult::ready_fence) has completed;
   // fences pass in order. Always true on the CPU backend and for fence 0.

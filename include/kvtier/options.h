@@ -74,6 +74,30 @@ struct Options {
   // palette index. Default: -1 (every block keeps its format).
   int32_t host_tier_format = -1;
 
+  // The remote tier (docs/tiers.md): a Redis server that caches on many machines share. A
+  // full block published in the prefix index is written there at the next EndStep (in the
+  // background; a full queue drops the write), and AddSequence looks up the blocks after the
+  // local match there, waiting up to remote_timeout_ms. "redis://HOST:PORT" (PORT defaults to
+  // 6379); a server that is down or slow only costs misses. Takes slab_bytes per layer of
+  // host memory (pinned on CUDA) to stage pages. REQUIRES: empty or that form, and
+  // remote_model_id non-empty with it. Default: "" (no remote tier).
+  std::string remote_tier_url;
+  // Names the model whose K/V the blocks hold. With the geometry, the remote codec version
+  // and the block hash it makes the Redis key, so caches of different models (or of one model
+  // at different geometries) never read each other's blocks. REQUIRES: at most 256 bytes.
+  // Default: "".
+  std::string remote_model_id;
+  // Bounds every Redis call (connect, the lookup of one AddSequence, one write), milliseconds:
+  // AddSequence may wait this long when the local tiers miss. REQUIRES: 1 to 10000.
+  // Default: 20.
+  int32_t remote_timeout_ms = 20;
+  // Blocks waiting to be written to Redis; a block published when the queue is full is not
+  // written (counted). REQUIRES: 1 to 65536. Default: 256.
+  int32_t remote_write_queue_blocks = 256;
+  // Blocks one AddSequence looks up in Redis after its local match. REQUIRES: 1 to 4096.
+  // Default: 64.
+  int32_t remote_max_fetch_blocks = 64;
+
   // Where pages live. REQUIRES: one of the BackendKind values. Default: kCpu.
   BackendKind backend = BackendKind::kCpu;
 

@@ -67,6 +67,29 @@ struct EventStats {
   int64_t queued_batches = 0;     // gauge: batches waiting for the publisher thread
 };
 
+// The remote tier (Options::remote_tier_url); all zero without one. Counters since creation.
+struct RemoteTierStats {
+  bool enabled = false;
+  bool connected = false;            // the lookup connection was up at the last call
+  int64_t hit_blocks = 0;            // blocks read from Redis and attached to a sequence
+  int64_t hit_tokens = 0;            // prefix_hit_tokens served from the remote tier
+  int64_t missed_blocks = 0;         // lookups that found no usable value (first miss ends one)
+  int64_t written_blocks = 0;        // blocks stored in Redis
+  int64_t bytes_read = 0;            // value bytes of the blocks attached
+  int64_t bytes_written = 0;         // value bytes stored
+  int64_t queued_blocks = 0;         // writes waiting now (gauge)
+  // Errors by kind; each is a miss (reads) or a dropped write, never an error of the call.
+  int64_t unavailable = 0;     // calls skipped or failed because the server could not be reached
+  int64_t timeouts = 0;        // calls that ran past remote_timeout_ms
+  int64_t corrupt_values = 0;  // bad magic, length or checksum, truncated values
+  int64_t mismatched_values = 0;  // another model, geometry, codec version, format or scales
+  int64_t server_errors = 0;   // commands the server refused (a write past maxmemory, ...)
+  int64_t dropped_writes = 0;  // writes not queued: the queue was full
+  int64_t import_failures = 0;  // values read but not attached (no device room, a failed copy)
+  int64_t reconnects = 0;      // connections made after the first
+  HistogramStats lookup_seconds;  // wall time of each AddSequence lookup
+};
+
 struct CacheStats {
   int64_t budget_bytes = 0;
   int64_t slab_bytes = 0;             // per layer
@@ -105,6 +128,7 @@ struct CacheStats {
   std::vector<MigrationStats> migrations;  // pairs with at least one block
   HostTierStats host;
   EventStats events;
+  RemoteTierStats remote;
 };
 
 }  // namespace kvtier

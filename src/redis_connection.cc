@@ -1,0 +1,158 @@
+#include "src/redis_connection.h"
+
+#include <hiredis/hiredis.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <memory>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvtier {
+namespace {
+
+constexpr std::chrono::milliseconds kFirstBackoff{50};
+constexpr std::chrono::milliseconds kMaxBackoff{2000};
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+timeval Timeval(int ms) { return timeval{ms / 1000, (ms % 1000) * 1000}; }
+
+}  // namespace
+
+absl::StatusOr<RedisAddress> ParseRedisUrl(absl::string_view url) {
+  constexpr absl::string_view kScheme = "redis://";
+  if (!absl::StartsWith(url, kScheme)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", url, "' does not start with redis://"));
+  }
+  absl::string_view rest = url.substr(kScheme.size());
+  if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+  RedisAddress address;
+  const size_t colon = rest.rfind(':');
+  address.host = std::string(rest.substr(0, colon));
+  if (colon != absl::string_view::npos &&
+      (!absl::SimpleAtoi(rest.substr(colon + 1), &address.port) || address.port < 1 ||
+       address.port > 65535)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", url, "' has no port in [1, 65535]"));
+  }
+  if (address.host.empty() || absl::StrContains(address.host, '/') ||
+      absl::StrContains(address.host, '@')) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", url, "' is not redis://HOST[:PORT] (no user, password or database)"));
+  }
+  return address;
+}
+
+RedisConnection::RedisConnection(RedisAddress address, int timeout_ms)
+    : address_(std::move(address)), timeout_ms_(timeout_ms) {}
+
+RedisConnection::~RedisConnection() {
+  if (context_ != nullptr) redisFree(context_);
+}
+
+absl::Status RedisConnection::Connect() {
+  if (context_ != nullptr) return absl::OkStatus();
+  const Clock::time_point now = Clock::now();
+  if (now < retry_at_) {
+    return absl::UnavailableError(absl::StrCat("redis://", address_.host, ":", address_.port,
+                                               " unreachable; retrying later"));
+  }
+  context_ = redisConnectWithTimeout(address_.host.c_str(), address_.port, Timeval(timeout_ms_));
+  if (context_ == nullptr) {
+    retry_at_ = now + kMaxBackoff;
+    return absl::UnavailableError("hiredis could not allocate a context");
+  }
+  if (context_->err == 0 && redisSetTimeout(context_, Timeval(timeout_ms_)) == REDIS_OK) {
+    reconnects_ += ever_connected_ ? 1 : 0;
+    ever_connected_ = true;
+    backoff_ = std::chrono::milliseconds{0};
+    return absl::OkStatus();
+  }
+  return Fail("connect");
+}
+
+absl::Status RedisConnection::Fail(absl::string_view during) {
+  const int saved_errno = errno;
+  const std::string what = absl::StrCat("redis://", address_.host, ":", address_.port, " ",
+                                        during, ": ", context_->errstr);
+  const bool timed_out = context_->err == REDIS_ERR_IO &&
+                         (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK ||
+                          saved_errno == ETIMEDOUT || saved_errno == EINPROGRESS ||
+                          absl::StrContains(context_->errstr, "timed out"));
+  redisFree(context_);
+  context_ = nullptr;
+  backoff_ = std::min(kMaxBackoff, std::max(kFirstBackoff, 2 * backoff_));
+  retry_at_ = Clock::now() + backoff_;
+  return timed_out ? absl::DeadlineExceededError(what) : absl::UnavailableError(what);
+}
+
+absl::Status RedisConnection::ExchangeOnce(const std::vector<std::vector<absl::string_view>>& commands,
+                                           std::vector<std::optional<std::string>>* values) {
+  for (const std::vector<absl::string_view>& args : commands) {
+    std::vector<const char*> argv;
+    std::vector<size_t> lengths;
+    for (absl::string_view a : args) {
+      argv.push_back(a.data());
+      lengths.push_back(a.size());
+    }
+    if (redisAppendCommandArgv(context_, static_cast<int>(argv.size()), argv.data(),
+                               lengths.data()) != REDIS_OK) {
+      return Fail("send");
+    }
+  }
+  absl::Status refused;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    void* raw = nullptr;
+    if (redisGetReply(context_, &raw) != REDIS_OK) return Fail("reply");
+    const Reply reply(static_cast<redisReply*>(raw));
+    if (reply->type == REDIS_REPLY_ERROR) {
+      const std::string message(reply->str, reply->len);
+      refused = absl::StartsWith(message, "OOM") ? absl::ResourceExhaustedError(message)
+                                                 : absl::InternalError(message);
+    } else if (reply->type == REDIS_REPLY_STRING) {
+      values->emplace_back(std::string(reply->str, reply->len));
+    } else if (reply->type == REDIS_REPLY_NIL) {
+      values->emplace_back(std::nullopt);
+    } else if (reply->type != REDIS_REPLY_STATUS) {
+      refused = absl::InternalError(absl::StrCat("unexpected reply type ", reply->type));
+    }
+  }
+  return refused;
+}
+
+absl::Status RedisConnection::Exchange(const std::vector<std::vector<absl::string_view>>& commands,
+                                       std::vector<std::optional<std::string>>* values) {
+  const bool reused = context_ != nullptr;
+  if (absl::Status s = Connect(); !s.ok()) return s;
+  absl::Status s = ExchangeOnce(commands, values);
+  if (reused && absl::IsUnavailable(s)) {
+    // A connection idle across a server restart is found closed only now: one fresh try.
+    values->clear();
+    retry_at_ = Clock::time_point{};
+    if (s = Connect(); s.ok()) s = ExchangeOnce(commands, values);
+  }
+  return s;
+}
+
+absl::Status RedisConnection::Set(absl::string_view key, absl::string_view value) {
+  std::vector<std::optional<std::string>> values;
+  return Exchange({{"SET", key, value}}, &values);
+}
+
+absl::StatusOr<std::vector<std::optional<std::string>>> RedisConnection::Get(
+    absl::Span<const std::string> keys) {
+  std::vector<std::vector<absl::string_view>> commands;
+  for (const std::string& key : keys) commands.push_back({"GET", key});
+  std::vector<std::optional<std::string>> values;
+  if (absl::Status s = Exchange(commands, &values); !s.ok()) return s;
+  if (values.size() != keys.size()) return absl::InternalError("GET replies missing");
+  return values;
+}
+
+}  // namespace kvtier

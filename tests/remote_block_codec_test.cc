@@ -1,0 +1,99 @@
+// The remote tier's wire format (remote_block_codec.h) and URL parsing, without a server.
+#include "src/remote_block_codec.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "src/redis_connection.h"
+#include "tests/test_util.h"
+
+namespace kvtier {
+namespace {
+
+RemoteBlockSpec Spec() {
+  Options o = testing::PaletteOptions(Geometry{2, 2, 64, 16}, {"fp16", "fp8_e4m3/tensor"}, 8);
+  o.remote_model_id = "m";
+  RemoteBlockSpec spec;
+  spec.identity = RemoteIdentity(o);
+  spec.geometry = o.geometry;
+  spec.palette = o.palette;
+  spec.page_bytes = {8192, 4096};
+  spec.scales_digest = {0, 42};
+  return spec;
+}
+
+std::string Value(const RemoteBlockSpec& spec, uint64_t hash, int format) {
+  std::string value(kRemoteHeaderBytes + 2 * spec.page_bytes[format], '\0');
+  for (size_t i = kRemoteHeaderBytes; i < value.size(); ++i) value[i] = static_cast<char>(i * 7);
+  SealRemoteBlock(spec, hash, format, &value);
+  return value;
+}
+
+TEST(RemoteBlockCodecTest, AValueDecodesToItsFormatAndPayload) {
+  const RemoteBlockSpec spec = Spec();
+  for (int f : {0, 1}) {
+    const std::string value = Value(spec, 77, f);
+    absl::StatusOr<DecodedBlock> block = DecodeRemoteBlock(spec, 77, value);
+    ASSERT_TRUE(block.ok()) << block.status();
+    EXPECT_EQ(block->format, f);
+    EXPECT_EQ(block->payload, absl::string_view(value).substr(kRemoteHeaderBytes));
+  }
+}
+
+TEST(RemoteBlockCodecTest, DamagedValuesAreDataLossAndForeignOnesFailedPrecondition) {
+  const RemoteBlockSpec spec = Spec();
+  const std::string good = Value(spec, 77, 0);
+  auto code = [&](const std::string& v, uint64_t hash = 77) {
+    return DecodeRemoteBlock(spec, hash, v).status().code();
+  };
+  std::string flipped = good;
+  flipped[100] ^= 4;
+  std::string version = good;
+  version[4] = 9;
+  EXPECT_EQ(code(""), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(code(good.substr(0, 79)), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(code(good.substr(0, good.size() - 1)), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(code(good + "x"), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(code(flipped), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(code(version), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(code(good, 78), absl::StatusCode::kFailedPrecondition);  // under another key
+  RemoteBlockSpec other = spec;
+  other.identity += 1;
+  EXPECT_EQ(DecodeRemoteBlock(other, 77, good).status().code(), absl::StatusCode::kFailedPrecondition);
+  other = spec;
+  other.geometry.head_dim = 32;
+  EXPECT_EQ(DecodeRemoteBlock(other, 77, good).status().code(), absl::StatusCode::kFailedPrecondition);
+  other = spec;
+  other.palette = {other.palette[1]};
+  EXPECT_EQ(DecodeRemoteBlock(other, 77, good).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A format with per-tensor scales written under other scales.
+  other = spec;
+  other.scales_digest[1] = 43;
+  EXPECT_EQ(DecodeRemoteBlock(other, 77, Value(spec, 77, 1)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(RemoteBlockCodecTest, KeysSeparateModelsAndGeometries) {
+  Options a = testing::SmallOptions();
+  a.remote_model_id = "llama";
+  Options b = a;
+  b.remote_model_id = "qwen";
+  Options c = a;
+  c.geometry.block_tokens = 32;
+  EXPECT_NE(RemoteIdentity(a), RemoteIdentity(b));
+  EXPECT_NE(RemoteIdentity(a), RemoteIdentity(c));
+  EXPECT_EQ(RemoteKey(0x1234, 0xabc), "kvtier:0000000000001234:0000000000000abc");
+}
+
+TEST(RedisUrlTest, HostAndPortOrTheDefaultPort) {
+  EXPECT_EQ(ParseRedisUrl("redis://10.0.0.1:7000")->port, 7000);
+  EXPECT_EQ(ParseRedisUrl("redis://cache.local")->port, 6379);
+  EXPECT_EQ(ParseRedisUrl("redis://cache.local/")->host, "cache.local");
+  for (const char* bad : {"redis://", "redis://:80", "redis://h:0", "redis://h:x", "tcp://h:1",
+                          "redis://user@h:1", "redis://h:1/2"}) {
+    EXPECT_EQ(ParseRedisUrl(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier
