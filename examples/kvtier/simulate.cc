@@ -36,6 +36,8 @@ struct SimOptions {
   std::string plot_path = "kvtier_simulate.svg";
   int metrics_port = 0;
   double linger_seconds = 0;
+  ClusterOptions cluster;  // used with --instances N > 1
+  int instances = 1;
 };
 
 // Tokens found in the prefix index over tokens looked up; 0 before any lookup.
@@ -132,11 +134,17 @@ void Usage(FILE* out) {
                "usage: kvtier simulate [--policy NAME|FILE] [--steps N] [--budget-mib N] [--seed N]\n"
                "                       [--host-tier-mib N] [--arrivals-per-step X] [--json PATH] [--plot PATH.svg]\n"
                "                       [--metrics-port PORT [--linger SECONDS]] [--no-progress]\n"
+               "                       [--instances N [--remote redis://HOST:PORT] [--remote-timeout-ms MS]]\n"
                "  --policy        a preset (fp16, fp8, balanced, max_capacity) or a JSON file. Default: balanced\n"
                "  --steps         decode steps to simulate. Default: 1000\n"
                "  --budget-mib    memory budget of the cache, MiB. Default: 512\n"
                "  --host-tier-mib also run the policy with a host tier of N MiB below the same budget and\n"
                "                  add its column (docs/tiers.md). Default: 0 (no such run)\n"
+               "  --instances     N engine instances (caches of the budget each) behind a router that sends\n"
+               "                  request i to instance i mod N; reports their sum instead. Default: 1\n"
+               "  --remote        with --instances: also run them sharing this Redis server as a remote tier\n"
+               "                  (docs/tiers.md) and add its column\n"
+               "  --remote-timeout-ms  Options::remote_timeout_ms of that run. Default: 20\n"
                "  --metrics-port  serve the policy run's cache at http://127.0.0.1:PORT/metrics\n"
                "  --linger        keep serving that many seconds after the run\n");
 }
@@ -173,6 +181,13 @@ std::optional<int> ParseFlags(int argc, char** argv, SimOptions* options) {
     } else if (flag == "--host-tier-mib") {
       ok = value(&v) && absl::SimpleAtoi(v, &r.host_tier_mib) && r.host_tier_mib >= 4 &&
            r.host_tier_mib <= (1 << 20);
+    } else if (flag == "--instances") {
+      ok = value(&v) && absl::SimpleAtoi(v, &o.instances) && o.instances >= 1 && o.instances <= 64;
+    } else if (flag == "--remote") {
+      ok = value(&o.cluster.remote_url);
+    } else if (flag == "--remote-timeout-ms") {
+      ok = value(&v) && absl::SimpleAtoi(v, &o.cluster.remote_timeout_ms) &&
+           o.cluster.remote_timeout_ms >= 1 && o.cluster.remote_timeout_ms <= 10000;
     } else if (flag == "--seed") {
       ok = value(&v) && absl::SimpleAtoi(v, &r.workload.seed);
     } else if (flag == "--arrivals-per-step") {
@@ -192,6 +207,10 @@ std::optional<int> ParseFlags(int argc, char** argv, SimOptions* options) {
       std::fprintf(stderr, "kvtier simulate: bad or missing value for %s\n", flag.c_str());
       return 2;
     }
+  }
+  if (!o.cluster.remote_url.empty() && o.instances < 2) {
+    std::fprintf(stderr, "kvtier simulate: --remote needs --instances 2 or more\n");
+    return 2;
   }
   return std::nullopt;
 }
@@ -246,6 +265,91 @@ void PrintHostTierReport(const RunResult& run, const RunResult& host, int64_t ho
   std::printf("| wall time | %.1f s | %.1f s |\n", run.seconds, host.seconds);
 }
 
+// Hit ratio, completed requests and remote-tier figures summed over a cluster's instances.
+struct ClusterSum {
+  int64_t queried = 0, hit = 0, remote_hit = 0, completed = 0, preemptions = 0;
+  RemoteTierStats remote;
+  double seconds = 0;
+
+  explicit ClusterSum(const std::vector<RunResult>& runs) {
+    for (const RunResult& r : runs) {
+      const CacheStats& s = r.final_stats;
+      queried += s.prefix_queried_tokens;
+      hit += s.prefix_hit_tokens;
+      remote_hit += s.remote.hit_tokens;
+      completed += r.completed;
+      preemptions += r.preemptions;
+      remote.hit_blocks += s.remote.hit_blocks;
+      remote.written_blocks += s.remote.written_blocks;
+      remote.bytes_read += s.remote.bytes_read;
+      remote.bytes_written += s.remote.bytes_written;
+      remote.dropped_writes += s.remote.dropped_writes;
+      remote.timeouts += s.remote.timeouts;
+      remote.unavailable += s.remote.unavailable;
+      remote.import_failures += s.remote.import_failures;
+      remote.corrupt_values += s.remote.corrupt_values + s.remote.mismatched_values;
+      seconds = r.seconds;
+    }
+  }
+  double ratio() const { return queried > 0 ? static_cast<double>(hit) / queried : 0; }
+};
+
+void PrintClusterReport(const SimOptions& o, const ClusterSum& alone, const ClusterSum* shared) {
+  auto col = [&](auto f) { return shared ? absl::StrCat(" ", f(*shared), " |") : std::string(); };
+  std::printf("\n| metric (sum of %d instances) | separate caches |%s\n| --- | --- |%s\n", o.instances,
+              shared ? " sharing the Redis tier |" : "", shared ? " --- |" : "");
+  std::printf("| prefix hit ratio (tokens) | %.3f |%s\n", alone.ratio(),
+              col([](const ClusterSum& c) { return absl::StrFormat("%.3f", c.ratio()); }).c_str());
+  std::printf("| completed requests | %lld |%s\n", static_cast<long long>(alone.completed),
+              col([](const ClusterSum& c) { return absl::StrCat(c.completed); }).c_str());
+  std::printf("| preemptions | %lld |%s\n", static_cast<long long>(alone.preemptions),
+              col([](const ClusterSum& c) { return absl::StrCat(c.preemptions); }).c_str());
+  std::printf("| hit tokens from the remote tier | 0 |%s\n",
+              col([](const ClusterSum& c) { return absl::StrCat(c.remote_hit); }).c_str());
+  std::printf("| remote blocks written / read | 0 / 0 |%s\n", col([](const ClusterSum& c) {
+                return absl::StrCat(c.remote.written_blocks, " / ", c.remote.hit_blocks);
+              }).c_str());
+  std::printf("| remote MiB written / read | 0 / 0 |%s\n", col([](const ClusterSum& c) {
+                return absl::StrFormat("%.0f / %.0f", c.remote.bytes_written / 1048576.0,
+                                       c.remote.bytes_read / 1048576.0);
+              }).c_str());
+  std::printf("| remote writes dropped, timeouts, unavailable, bad values, import failures | - |%s\n",
+              col([](const ClusterSum& c) {
+                const RemoteTierStats& r = c.remote;
+                return absl::StrCat(r.dropped_writes, ", ", r.timeouts, ", ", r.unavailable, ", ",
+                                    r.corrupt_values, ", ", r.import_failures);
+              }).c_str());
+  std::printf("| wall time | %.1f s |%s\n", alone.seconds,
+              col([](const ClusterSum& c) { return absl::StrFormat("%.1f s", c.seconds); }).c_str());
+}
+
+// --instances N: the cluster without, then (with --remote) with the shared tier.
+int RunCluster(const SimOptions& o, const Policy& policy) {
+  std::printf("kvtier simulate: %d instances, policy '%s', %lld steps, %lld MiB budget each, seed %u\n",
+              o.instances, policy.name.c_str(), static_cast<long long>(o.replay.steps),
+              static_cast<long long>(o.replay.budget_mib), o.replay.workload.seed);
+  ClusterOptions cluster = o.cluster;
+  cluster.instances = o.instances;
+  cluster.remote_url.clear();
+  absl::StatusOr<std::vector<RunResult>> alone = ReplayCluster(policy, o.replay, cluster);
+  absl::StatusOr<std::vector<RunResult>> shared = std::vector<RunResult>{};
+  if (alone.ok() && !o.cluster.remote_url.empty()) {
+    cluster.remote_url = o.cluster.remote_url;
+    // A model id of its own: the run starts from a cold remote tier.
+    cluster.remote_model_id = absl::StrCat("kvtier-simulate-", std::chrono::system_clock::now().time_since_epoch().count());
+    shared = ReplayCluster(policy, o.replay, cluster);
+  }
+  if (!alone.ok() || !shared.ok()) {
+    std::fprintf(stderr, "kvtier simulate: %s\n", (alone.ok() ? shared : alone).status().ToString().c_str());
+    return 1;
+  }
+  const ClusterSum a(*alone);
+  const std::optional<ClusterSum> s =
+      o.cluster.remote_url.empty() ? std::nullopt : std::optional<ClusterSum>(ClusterSum(*shared));
+  PrintClusterReport(o, a, s ? &*s : nullptr);
+  return 0;
+}
+
 // The plot and the JSON the options ask for; the exit code (1 when one cannot be written).
 int WriteFiles(const SimOptions& o, const RunResult& run, const RunResult& fp16, double gain) {
   if (!o.plot_path.empty()) {
@@ -278,6 +382,7 @@ int RunSimulate(int argc, char** argv) {
     return 2;
   }
   if (policy->name.empty()) policy->name = o.policy;
+  if (o.instances > 1) return RunCluster(o, *policy);
   std::unique_ptr<prometheus::Exposer> exposer;
   if (o.metrics_port > 0) {
     try {

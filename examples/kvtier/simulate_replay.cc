@@ -30,13 +30,16 @@ void Progress(const ReplayOptions& o, const std::string& label, int64_t step, co
 // Not thread-safe.
 class Replayer {
  public:
-  Replayer(const ReplayOptions& o, const Geometry& geometry, RunResult* result)
-      : o_(o), geometry_(geometry), result_(result), cache_(*result->cache), workload_(o.workload) {}
+  // `workload` (which may feed other replayers too) must outlive the replayer.
+  Replayer(const ReplayOptions& o, const Geometry& geometry, RunResult* result, Workload* workload)
+      : o_(o), geometry_(geometry), result_(result), cache_(*result->cache), workload_(*workload) {}
 
-  // Decode step `step`: arrivals, admission, one step of work, retirement, then the cache's
-  // EndStep and the run's statistics.
+  // A request routed to this replayer; it waits for admission.
+  void Enqueue(Request request) { waiting_.push_back(std::move(request)); }
+
+  // Decode step `step`: admission, one step of work, retirement, then the cache's EndStep and
+  // the run's statistics.
   absl::Status Step(int64_t step) {
-    for (Request& r : workload_.Arrivals(step)) waiting_.push_back(std::move(r));
     KVTIER_RETURN_IF_ERROR(Admit());
     KVTIER_RETURN_IF_ERROR(AppendWork());
     Advance();
@@ -166,7 +169,7 @@ class Replayer {
   const Geometry geometry_;
   RunResult* result_;
   Cache& cache_;
-  Workload workload_;
+  Workload& workload_;
   std::deque<Request> waiting_;
   std::vector<Active> running_;
   // The batch of the current step (kept to reuse their memory).
@@ -178,29 +181,71 @@ class Replayer {
   double running_sum_ = 0;
 };
 
-}  // namespace
-
-absl::StatusOr<RunResult> ReplayWorkload(const Policy& policy, const ReplayOptions& o,
-                                         prometheus::Exposer* exposer) {
+Options CacheOptions(const Policy& policy, const ReplayOptions& o) {
   Options options;
   options.geometry = Geometry{/*num_layers=*/2, /*num_kv_heads=*/2, /*head_dim=*/128, /*block_tokens=*/16};
   options.memory_budget_bytes = static_cast<size_t>(o.budget_mib) << 20;
   options.host_tier_bytes = static_cast<size_t>(o.host_tier_mib) << 20;
   options.palette = PolicyPalette(policy);
+  return options;
+}
+
+absl::Status StartRun(const Policy& policy, const Options& options, RunResult* result) {
+  KVTIER_ASSIGN_OR_RETURN(result->cache, Cache::Create(options));
+  result->policy = policy.name;
+  return result->cache->SetPolicy(policy);
+}
+
+}  // namespace
+
+absl::StatusOr<RunResult> ReplayWorkload(const Policy& policy, const ReplayOptions& o,
+                                         prometheus::Exposer* exposer) {
   RunResult result;
-  KVTIER_ASSIGN_OR_RETURN(result.cache, Cache::Create(options));
-  result.policy = policy.name;
-  KVTIER_RETURN_IF_ERROR(result.cache->SetPolicy(policy));
+  const Options options = CacheOptions(policy, o);
+  KVTIER_RETURN_IF_ERROR(StartRun(policy, options, &result));
   if (exposer != nullptr) {
     result.collectable = std::make_shared<CacheCollectable>(result.cache.get());
     exposer->RegisterCollectable(result.collectable);
   }
   const auto started = std::chrono::steady_clock::now();
-  Replayer replayer(o, options.geometry, &result);
-  for (int64_t step = 0; step < o.steps; ++step) KVTIER_RETURN_IF_ERROR(replayer.Step(step));
+  Workload workload(o.workload);
+  Replayer replayer(o, options.geometry, &result, &workload);
+  for (int64_t step = 0; step < o.steps; ++step) {
+    for (Request& r : workload.Arrivals(step)) replayer.Enqueue(std::move(r));
+    KVTIER_RETURN_IF_ERROR(replayer.Step(step));
+  }
   replayer.Finish();
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
+}
+
+absl::StatusOr<std::vector<RunResult>> ReplayCluster(const Policy& policy, const ReplayOptions& o,
+                                                     const ClusterOptions& cluster) {
+  Options options = CacheOptions(policy, o);
+  options.remote_tier_url = cluster.remote_url;
+  options.remote_model_id = cluster.remote_model_id;
+  options.remote_timeout_ms = cluster.remote_timeout_ms;
+  options.remote_max_fetch_blocks = 4096;
+  options.remote_write_queue_blocks = 4096;
+  std::vector<RunResult> results(cluster.instances);
+  std::vector<std::unique_ptr<Replayer>> replayers;
+  Workload workload(o.workload);
+  for (RunResult& result : results) {
+    KVTIER_RETURN_IF_ERROR(StartRun(policy, options, &result));
+    replayers.push_back(std::make_unique<Replayer>(o, options.geometry, &result, &workload));
+  }
+  const auto started = std::chrono::steady_clock::now();
+  size_t next = 0;  // the router: request i goes to instance i mod N
+  for (int64_t step = 0; step < o.steps; ++step) {
+    for (Request& r : workload.Arrivals(step)) replayers[next++ % replayers.size()]->Enqueue(std::move(r));
+    for (auto& replayer : replayers) KVTIER_RETURN_IF_ERROR(replayer->Step(step));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  for (size_t i = 0; i < replayers.size(); ++i) {
+    replayers[i]->Finish();
+    results[i].seconds = seconds;
+  }
+  return results;
 }
 
 }  // namespace kvtier::tool

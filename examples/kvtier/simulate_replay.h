@@ -59,6 +59,21 @@ struct RunResult {
 absl::StatusOr<RunResult> ReplayWorkload(const Policy& policy, const ReplayOptions& options,
                                          prometheus::Exposer* exposer);
 
+// A cluster of engine instances behind a router that sends request i to instance i mod N
+// (follow-up turns of a conversation usually land elsewhere), optionally sharing a remote tier.
+struct ClusterOptions {
+  int instances = 2;
+  std::string remote_url;       // Options::remote_tier_url; empty: no shared tier
+  std::string remote_model_id;  // Options::remote_model_id (unique per run: cold start)
+  int32_t remote_timeout_ms = 20;
+};
+
+// Replays the workload through `cluster.instances` caches stepped in lock step, each as
+// ReplayWorkload's; one result per instance (`seconds` is the whole run's). Errors: the
+// caches', unchanged.
+absl::StatusOr<std::vector<RunResult>> ReplayCluster(const Policy& policy, const ReplayOptions& options,
+                                                     const ClusterOptions& cluster);
+
 }  // namespace kvtier::tool
 
 #endif  // KVTIER_EXAMPLES_KVTIER_SIMULATE_REPLAY_H_
