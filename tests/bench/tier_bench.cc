@@ -1,7 +1,8 @@
 // Host-tier bandwidth on the GPU (docs/tiers.md): offload (device -> pinned host, as eviction
 // makes room) and onload (a prefix hit brings blocks back, until AddResult::ready_fence passes)
 // of 256 blocks of a 32-layer, 8-head, 128-dim model, for FP16, FP8 and NVFP4 blocks, against
-// the measured pinned host <-> device copy roof. Two cycles each: "cold" pins the host tier's slabs on first use
+// the measured pinned host <-> device copy roof. A swap each (a prefix hit into a full
+// device: blocks come up while others of the same format go down). Two cycles each: "cold" pins the host tier's slabs on first use
 // (cudaHostRegister) and maps device slabs for the onload (the step settled, its empty slabs
 // returned); "warm" repeats it with the host slabs pinned and brings the blocks back at once,
 // into the device slabs that the released filler leaves mapped (a full device, as in serving).
@@ -57,10 +58,18 @@ struct Cycle {
   int64_t blocks_down = 0, bytes_down = 0, bytes_up = 0, tokens_up = 0;
 };
 
+// A prefix hit into a full device: the hit's blocks come up while other cached blocks of the
+// same format go down for their pages (no slab moves), both in one AddSequence.
+struct Swap {
+  double seconds = 0;
+  int64_t blocks_down = 0, blocks_up = 0, bytes_down = 0, bytes_up = 0;
+};
+
 struct TierResult {
   std::string format;
   int64_t block_bytes = 0;  // all layers
   Cycle cold, warm;  // first cycle (host slabs pinned on first use), then the same again
+  Swap swap;
 };
 
 // Exits with `what` and the status when it is not OK: a bench that measured nothing says so.
@@ -119,29 +128,92 @@ Cycle RunCycle(Cache& cache, const std::vector<int32_t>& prompt, int64_t f2_page
   return c;
 }
 
+// Prompt tokens first, first + 1, ...: kBlocks full blocks and one token more.
+std::vector<int32_t> Prompt(int32_t first) {
+  std::vector<int32_t> prompt(kBlocks * kBlockTokens + 1);
+  std::iota(prompt.begin(), prompt.end(), first);
+  return prompt;
+}
+
+// Computes `prompt` and leaves its full blocks cached in `format`.
+void CachePrompt(Cache& cache, const std::vector<int32_t>& prompt, int format) {
+  const SequenceId id = cache.AddSequence().value();
+  std::vector<int64_t> slots;
+  Check(cache.AppendTokens(id, prompt, &slots), "the prompt's append");
+  std::vector<BlockId> blocks = cache.SequenceBlocks(id).value();
+  blocks.pop_back();
+  if (format > 0) Check(cache.Demote(blocks, format), "Demote");
+  Check(cache.Release(id), "Release");
+}
+
+// A private filler of every free page of the hot format.
+SequenceId FillDevice(Cache& cache) {
+  const CacheStats s = cache.GetStats();
+  const int64_t per_slab = s.slab_bytes / s.formats[0].page_bytes;
+  return Private(cache, s.slabs_free * per_slab + s.formats[0].pages_mapped - s.formats[0].pages_used);
+}
+
+// A prefix hit on `prompt`, timed until its ready fence passes, then released.
+Swap TimedHit(Cache& cache, const std::vector<int32_t>& prompt) {
+  const CacheStats before = cache.GetStats();
+  SequenceOptions options;
+  options.prompt = prompt;
+  const auto t = std::chrono::steady_clock::now();
+  absl::StatusOr<AddResult> added = cache.AddSequence(options);
+  Check(added.status(), "the prefix hit");
+  while (!cache.FencePassed(added->ready_fence).value()) {
+  }
+  Swap w;
+  w.seconds = Seconds(t);
+  const CacheStats after = cache.GetStats();
+  w.blocks_down = after.host.offloaded_blocks - before.host.offloaded_blocks;
+  w.blocks_up = after.host.onloaded_blocks - before.host.onloaded_blocks;
+  w.bytes_down = after.host.bytes_offloaded - before.host.bytes_offloaded;
+  w.bytes_up = after.host.bytes_onloaded - before.host.bytes_onloaded;
+  Check(cache.Release(added->id), "Release");
+  Settle(cache);
+  return w;
+}
+
+// P and Q cached in `format`, both pushed down; P brought back and the device filled; then
+// the measured swap: a hit on Q brings it up and sends P down.
+Swap MeasureSwap(const Options& base, int format) {
+  std::unique_ptr<Cache> cache = Cache::Create(base).value();
+  const std::vector<int32_t> p = Prompt(1), q = Prompt(1 << 20);
+  CachePrompt(*cache, p, format);
+  CachePrompt(*cache, q, format);
+  Settle(*cache);
+  const SequenceId f1 = FillDevice(*cache);
+  Settle(*cache);
+  const CacheStats s = cache->GetStats();
+  const int64_t per_slab = s.slab_bytes / s.formats[0].page_bytes;
+  const SequenceId f2 =
+      Private(*cache, format == 0 ? 2 * kBlocks : s.formats[format].slabs_mapped * per_slab);
+  Check(cache->Release(f2), "Release");
+  Settle(*cache);
+  TimedHit(*cache, p);
+  const SequenceId f3 = FillDevice(*cache);
+  Settle(*cache);
+  const Swap swap = TimedHit(*cache, q);
+  Check(cache->Release(f3), "Release");
+  Check(cache->Release(f1), "Release");
+  return swap;
+}
+
 TierResult Measure(const Options& base, int format) {
   TierResult r;
   r.format = FormatName(base.palette[format]);
   std::unique_ptr<Cache> cache = Cache::Create(base).value();
-  // P: kBlocks cached blocks of `format` (the bytes they hold do not change the copy).
-  std::vector<int32_t> prompt(kBlocks * kBlockTokens + 1);
-  std::iota(prompt.begin(), prompt.end(), 1);
-  const SequenceId p = cache->AddSequence().value();
-  std::vector<int64_t> slots;
-  Check(cache->AppendTokens(p, prompt, &slots), "the prompt's append");
-  std::vector<BlockId> blocks = cache->SequenceBlocks(p).value();
-  blocks.pop_back();
-  if (format > 0) Check(cache->Demote(blocks, format), r.format + ": Demote");
-  Check(cache->Release(p), "Release");
+  // P: kBlocks cached blocks of `format` (the bytes they hold do not change the copy). F1
+  // takes every free page; F2 needs P's pages (FP16) or the slabs P holds (colder formats), so
+  // all of P goes down.
+  const std::vector<int32_t> prompt = Prompt(1);
+  CachePrompt(*cache, prompt, format);
   Settle(*cache);
-  // F1 takes every free page; F2 needs P's pages (FP16) or the slabs P holds (colder formats),
-  // so all of P goes down.
-  CacheStats s = cache->GetStats();
+  const SequenceId f1 = FillDevice(*cache);
+  Settle(*cache);
+  const CacheStats s = cache->GetStats();
   const int64_t per_slab = s.slab_bytes / s.formats[0].page_bytes;
-  const int64_t free_pages = s.slabs_free * per_slab + s.formats[0].pages_mapped - s.formats[0].pages_used;
-  const SequenceId f1 = Private(*cache, free_pages);
-  Settle(*cache);
-  s = cache->GetStats();
   const int64_t f2_pages = format == 0 ? kBlocks : s.formats[format].slabs_mapped * per_slab;
   r.cold = RunCycle(*cache, prompt, f2_pages, /*settle=*/true);
   r.warm = RunCycle(*cache, prompt, f2_pages, /*settle=*/false);
@@ -152,7 +224,25 @@ TierResult Measure(const Options& base, int format) {
                  c->offload_s * 1e3, static_cast<long long>(c->tokens_up), c->onload_s * 1e3);
   }
   Check(cache->Release(f1), "Release");
+  cache.reset();
+  r.swap = MeasureSwap(base, format);
+  std::fprintf(stderr, "%s swap: %lld blocks down, %lld up in %.2f ms\n", r.format.c_str(),
+               static_cast<long long>(r.swap.blocks_down), static_cast<long long>(r.swap.blocks_up),
+               r.swap.seconds * 1e3);
   return r;
+}
+
+// A swap as JSON: its time against the roofs' time for its bytes, and tokens moved per second
+// (both ways) against FP16's.
+void PrintSwap(FILE* out, const Swap& w, double h2d, double d2h, const Swap& fp16) {
+  const double roof_s = w.bytes_down / (d2h * 1e9) + w.bytes_up / (h2d * 1e9);
+  auto tokens_per_s = [](const Swap& x) { return (x.blocks_down + x.blocks_up) * kBlockTokens / x.seconds; };
+  std::fprintf(out,
+               "\"swap\": {\"blocks_down\": %lld, \"blocks_up\": %lld, \"ms\": %.2f, "
+               "\"pct_of_roof\": %.1f, \"tokens_per_s\": %.0f, \"tokens_per_s_vs_fp16\": %.2f}",
+               static_cast<long long>(w.blocks_down), static_cast<long long>(w.blocks_up),
+               w.seconds * 1e3, 100 * roof_s / w.seconds, tokens_per_s(w),
+               tokens_per_s(w) / tokens_per_s(fp16));
 }
 
 // One cycle as JSON, its rates against the roofs and FP16's onload tokens/s.
@@ -180,7 +270,7 @@ int Main(int argc, char** argv) {
   o.palette = {ParseFormat("fp16").value(), ParseFormat("fp8_e4m3/block_head").value(),
                ParseFormat("k:nvfp4_channel/block_head,v:nvfp4/block_head").value()};
   o.memory_budget_bytes = size_t{2} << 30;
-  o.host_tier_bytes = size_t{1} << 30;
+  o.host_tier_bytes = size_t{2} << 30;  // room for two prompts of FP16 blocks (the swap)
   o.backend = BackendKind::kCuda;
   const double h2d = RoofGbs(size_t{512} << 20, cudaMemcpyHostToDevice);
   const double d2h = RoofGbs(size_t{512} << 20, cudaMemcpyDeviceToHost);
@@ -197,6 +287,8 @@ int Main(int argc, char** argv) {
     PrintCycle(out, "cold", r.cold, h2d, d2h, results[0].cold);
     std::fprintf(out, ",\n     ");
     PrintCycle(out, "warm", r.warm, h2d, d2h, results[0].warm);
+    std::fprintf(out, ",\n     ");
+    PrintSwap(out, r.swap, h2d, d2h, results[0].swap);
     std::fprintf(out, "}");
   }
   std::fprintf(out, "\n  ]\n}\n");
