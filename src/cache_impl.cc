@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "src/evictor.h"
 #include "src/prefix_hash.h"
@@ -154,20 +155,26 @@ absl::StatusOr<int64_t> CacheImpl::PlanAppend(absl::Span<const SequenceId> batch
   const int64_t s = options_.geometry.block_tokens;
   int64_t pages = 0;
   batch_sequences_.clear();
+  // Tokens planned so far per sequence: a sequence named twice appends after itself.
+  absl::flat_hash_map<const Sequence*, int64_t> planned;
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence* seq = sequences_.Find(batch[i]);
     if (seq == nullptr) return UnknownSequence(batch[i]);
     batch_sequences_.push_back(seq);
-    if (num_tokens[i] > kMaxSequenceTokens - seq->num_tokens) {
+    int64_t& before = planned[seq];
+    const int64_t length = seq->num_tokens + before;
+    if (num_tokens[i] > kMaxSequenceTokens - length) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", batch[i].index, " holds ", seq->num_tokens, " tokens; ", num_tokens[i],
+          "sequence ", batch[i].index, " holds ", length, " tokens; ", num_tokens[i],
           " more pass the ", kMaxSequenceTokens, " a page table's int32 length can describe"));
     }
-    const int64_t room = TailRoom(*seq);
+    // Room left in its tail page after the tokens planned before.
+    const int64_t room = TailRoom(*seq) >= before ? TailRoom(*seq) - before
+                                                  : (s - (before - TailRoom(*seq)) % s) % s;
     if (num_tokens[i] > room) pages += (num_tokens[i] - room + s - 1) / s;
-    // A shared partial tail is copied before the write. (A sequence named twice in the batch
-    // is counted twice: an upper bound.)
-    if (room > 0 && pool_[seq->blocks.back()].ref_count > 1) pages += 1;
+    // A shared partial tail is copied before the write.
+    if (before == 0 && TailRoom(*seq) > 0 && pool_[seq->blocks.back()].ref_count > 1) pages += 1;
+    before += num_tokens[i];
   }
   return pages;
 }

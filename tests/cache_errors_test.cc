@@ -194,6 +194,26 @@ TEST_F(CacheErrorsTest, AppendCountsThatOverflow) {
   EXPECT_TRUE(slots.empty());
 }
 
+// A sequence named twice in a batch appends after itself: its second count starts where the
+// first ends. Planned from the same tail room twice, [7, 7] into 12 free slots and no free page
+// passed the budget check and PagePool::Allocate read out of bounds (found by the fuzzer).
+TEST_F(CacheErrorsTest, ASequenceTwiceInABatchIsPlannedAfterItself) {
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->Append(live_, 254 * 16, &slots).ok());  // every page; 12 slots left in the tail
+  before_ = cache_->GetStats();
+  const SequenceId two[] = {live_, live_};
+  const int64_t sevens[] = {7, 7};
+  slots.clear();
+  const absl::Status s = cache_->AppendBatch(two, sevens, {}, &slots);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(slots.empty());
+  EXPECT_EQ(*cache_->SequenceLength(live_), 20 + 254 * 16);
+  const int64_t sixes[] = {6, 6};
+  EXPECT_TRUE(cache_->AppendBatch(two, sixes, {}, &slots).ok());
+  EXPECT_EQ(slots.size(), 12u);
+  EXPECT_TRUE(cache_->CheckConsistency().ok()) << cache_->CheckConsistency();
+}
+
 TEST_F(CacheErrorsTest, AppendNoTokenIds) {
   std::vector<int64_t> slots;
   const absl::Status s = cache_->AppendTokens(live_, {}, &slots);
