@@ -175,18 +175,21 @@ void CacheImpl::StageRemoteWrites() {
   std::vector<Staged> batch;
   const RemoteBlockSpec spec = RemoteSpec();
   const int layers = options_.geometry.num_layers;
+  // The lambda runs under mu_, held here; the thread-safety analysis cannot see into it.
+  auto* const staging = staging_.get();
+  auto* const pages = pages_.get();
   auto flush = [&](absl::Status status) {
-    if (status.ok()) status = staging_->Drain();
+    if (status.ok()) status = staging->Drain();
     for (const Staged& st : batch) {
       if (!status.ok()) {
         remote_->Report(RemoteTier::kDroppedWrites, status);
         continue;
       }
-      const uint32_t page_bytes = pages_->layout(st.format).page_bytes;
+      const uint32_t page_bytes = pages->layout(st.format).page_bytes;
       std::string value(kRemoteHeaderBytes + size_t{page_bytes} * layers, '\0');
       for (int l = 0; l < layers; ++l) {
         std::memcpy(value.data() + kRemoteHeaderBytes + size_t{page_bytes} * l,
-                    staging_->View(st.slot, l, pages_->layout(st.format)).base, page_bytes);
+                    staging->View(st.slot, l, pages->layout(st.format)).base, page_bytes);
       }
       SealRemoteBlock(spec, st.hash, st.format, &value);
       remote_->Put(st.hash, std::move(value));
