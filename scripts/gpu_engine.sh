@@ -11,25 +11,36 @@
 # Everything goes under $OUT (default ./gpu-out): engine.json, engine.log, engine_tables.md,
 # module/ (the module's build log).
 # With the device tool:
-#   run(command="bash scripts/gpu_engine.sh", carry=["bundle"], kind="nvidia-h200")
+#   run(command="bash scripts/gpu_engine.sh", carry=["bundle", ".whl"], kind="nvidia-h200")
 #   run(command="bash scripts/gpu_engine.sh --smoke", carry=["bundle"], kind="nvidia-h200")
-# Environment: ENGINE_TIMEOUT (seconds for step 2, default 480; --smoke 240), ENGINE_ARGS (more
+# (.whl/: FlashInfer's wheels, `bash scripts/gpu_python.sh --fetch-wheels` here; without them
+# the speed section has no FlashInfer rows.)
+# Environment: ENGINE_TIMEOUT (seconds for step 2, default 540; --smoke 240), ENGINE_ARGS (more
 # bench_engine.py arguments, e.g. "--layers 2" or "--sections speed").
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 smoke=()
-limit=${ENGINE_TIMEOUT:-480}
+limit=${ENGINE_TIMEOUT:-540}
 if [ "${1:-}" = "--smoke" ]; then
   smoke=(--smoke)
   limit=${ENGINE_TIMEOUT:-240}
 fi
 start=$SECONDS
 
-OUT=$out/module bash scripts/gpu_python.sh --module-only || {
+# With .whl/ carried, FlashInfer too (the paged baseline of the speed section); its decode
+# kernels compile (JIT, all cores) in the background while the correctness model trains.
+module=--module-only
+[ -d .whl ] && module=--module-and-wheels
+OUT=$out/module bash scripts/gpu_python.sh $module || {
   echo "gpu_engine: the kvtier module did not build (see $out/module)"; exit 1; }
-export PYTHONPATH=/tmp/kvpy:$PWD/examples/engine${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=/tmp/kvpy:/tmp/site:$PWD/examples/engine${PYTHONPATH:+:$PYTHONPATH}
+export FLASHINFER_WORKSPACE_BASE=/tmp/fi MAX_JOBS=$(nproc) FLASHINFER_CUDA_ARCH_LIST=9.0
+export TVM_FFI_CACHE_DIR=/tmp/tvm-ffi
+if [ $module = --module-and-wheels ]; then
+  python3 -m kvtier_engine.flashinfer_kv >"$out/flashinfer_jit.log" 2>&1 &
+fi
 export LD_LIBRARY_PATH=$PWD/bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 python3 -c "import torch, transformers as t; print('torch', torch.__version__,

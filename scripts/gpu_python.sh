@@ -13,8 +13,10 @@
 #   run(command="bash scripts/gpu_python.sh", carry=["bundle", ".whl"], kind="nvidia-h200")
 # Here, with network, to (re)fetch the wheels (pinned versions, checked by SHA-256):
 #   bash scripts/gpu_python.sh --fetch-wheels
-# Only step 2 (the module into /tmp/kvpy, no wheels needed; used by scripts/gpu_engine.sh):
+# Only step 2 (the module into /tmp/kvpy, no wheels needed):
 #   bash scripts/gpu_python.sh --module-only
+# Steps 1 and 2 (used by scripts/gpu_engine.sh when .whl/ is carried, for FlashInfer):
+#   bash scripts/gpu_python.sh --module-and-wheels
 # Environment: VALIDATE_TIMEOUT, CPP_BENCH_TIMEOUT, BENCH_TIMEOUT (seconds), KVTIER_CPP_BENCH=0
 # to skip kvtier_gpu_bench, BENCH_ARGS (extra decode_bench.py arguments).
 # See tests/gpu/python/README.md.
@@ -82,12 +84,15 @@ export TVM_FFI_CACHE_DIR=/tmp/tvm-ffi
   echo "$(command -v python3) $(python3 --version 2>&1), $(g++ --version | head -1), $(nvcc --version | tail -1)"
 } | tee -a "$summary"
 
-module_only=0
-[ "${1:-}" = "--module-only" ] && module_only=1
+module_only=0 wheels=1
+case "${1:-}" in
+  --module-only) module_only=1 wheels=0 ;;
+  --module-and-wheels) module_only=1 ;;
+esac
 
 # 1. Wheels.
 start=$SECONDS
-if [ $module_only = 1 ]; then
+if [ $wheels = 0 ]; then
   say "wheels: not needed (--module-only)"
 elif check_wheels; then
   rm -rf /tmp/site

@@ -39,6 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kvtier_engine import (LLAMA8B_GEOMETRY, TINY, ContiguousKV, Engine,  # noqa: E402
                            KvtierKV, LlamaCompute, MetricsServer, StepTimer, llama_config,
                            random_llama)
+from kvtier_engine.flashinfer_kv import FlashInferKV  # noqa: E402
+from kvtier_engine.train import BYTE_LLAMA, stdlib_corpus, train_byte_llama  # noqa: E402
 
 PALETTES = {"fp16": dict(palette=["fp16"]), "fp8": dict(policy="fp8"),
             "balanced": dict(policy="balanced")}
@@ -148,16 +150,44 @@ def near_ties(ref, margin):
             "gaps_below_0.01": int((gaps < 0.01).sum())}
 
 
-def correctness(hf, model, cfg):
-    vocab = model.config.vocab_size
-    system = random_tokens(cfg["system"], vocab, 1)
-    prompts = [system + random_tokens(n, vocab, 10 + i) for i, n in enumerate(cfg["tails"])]
+def text_tokens(corpus, n, seed):
+    """n bytes of `corpus` from a seeded offset, as token ids (the byte model's vocabulary)."""
+    at = int(torch.randint(0, len(corpus) - n, (1,),
+                           generator=torch.Generator().manual_seed(seed)))
+    return list(corpus[at:at + n])
+
+
+def correctness_model(args, cfg, hf, model, device):
+    """(hf, model, prompts, description) for the correctness section: the byte-level Llama
+    trained for --train-seconds on the standard library's source (kvtier_engine.train) with
+    prompts cut from that text, or with --train-seconds 0 the speed model with random
+    prompts. A shared system prompt, then a tail per request."""
+    if args.train_seconds <= 0:
+        vocab = model.config.vocab_size
+        system = random_tokens(cfg["system"], vocab, 1)
+        return hf, model, [system + random_tokens(n, vocab, 10 + i)
+                           for i, n in enumerate(cfg["tails"])], {"model": "random"}
+    corpus = stdlib_corpus()
+    trained, info = train_byte_llama(corpus, args.train_seconds, args.seed, device,
+                                     log=lambda m: print(m, flush=True))
+    trained = trained.to(hf.dtype)
+    trained.generation_config.eos_token_id = None
+    trained.generation_config.pad_token_id = 0
+    system = text_tokens(corpus, cfg["system"], 1)
+    prompts = [system + text_tokens(corpus, n, 10 + i) for i, n in enumerate(cfg["tails"])]
+    info = dict(info, model="byte_llama", geometry=BYTE_LLAMA,
+                prompt_text=[bytes(p[:80]).decode("utf-8", "replace") for p in prompts])
+    return trained, LlamaCompute(trained), prompts, info
+
+
+def correctness(hf, model, cfg, prompts, info):
     new = cfg["new_tokens"]
     # Room for every request in FP16 four times over, and slabs for every pool of the palette.
     budget = (4 * kv_bytes_per_token(model) * (max(map(len, prompts)) + new + 64) * len(prompts)
               + (256 << 20))
     ref = generate_reference(hf, prompts, new)
-    result = {"prompts": [len(p) for p in prompts], "new_tokens": new, "palettes": {}}
+    result = {"prompts": [len(p) for p in prompts], "new_tokens": new, "palettes": {},
+              "model": info}
     forced = [t for t, _ in ref]
     fp16_forced, _ = engine_run(model, "fp16", budget, prompts, new, forced)
     # FP16, each prompt alone in its own cache: no prefix sharing, so that prefill is
@@ -199,6 +229,8 @@ def correctness(hf, model, cfg):
 def make_backend(model, name, batch, context, timer):
     if name == "contiguous":
         return ContiguousKV(model, batch, context, timer)
+    if name == "flashinfer":
+        return FlashInferKV(model, batch * context, timer)
     # All of it in FP16 (prefill writes hot) plus room for the policy's colder copies.
     budget = kv_bytes_per_token(model) * batch * context * 1.75 + (1 << 30)
     return KvtierKV(make_cache(model, name, budget), model, timer)
@@ -232,7 +264,7 @@ def settle_policy(engine, device, most=256):
     prefill step's own EndStep begins), kept out of the measured steps. Returns its EndSteps
     and seconds and the blocks demoted since the cache was made (the prefill step's EndStep
     and these), or None for the contiguous baseline."""
-    if isinstance(engine.kv, ContiguousKV):
+    if not isinstance(engine.kv, KvtierKV):
         return None
     cache = engine.kv.cache
     calls, settled = 0, False
@@ -254,6 +286,8 @@ def settle_policy(engine, device, most=256):
 def kv_bytes(engine):
     if isinstance(engine.kv, ContiguousKV):
         return sum(t.numel() * t.element_size() for t in engine.kv.k + engine.kv.v)
+    if isinstance(engine.kv, FlashInferKV):
+        return sum(t.numel() * t.element_size() for t in engine.kv.pools)
     return engine.kv.cache.stats()["used_bytes"]
 
 
@@ -296,7 +330,7 @@ def speed_one(model, name, context, cfg):
         if name == "contiguous":
             row["sdpa_backend"] = engine.kv.sdpa_choice[batch]
             row["sdpa_probe_ms"] = engine.kv.sdpa_probe_ms[batch]
-        else:
+        elif name != "flashinfer":
             stats = engine.kv.cache.stats()
             row["effective_bits_per_element"] = stats["effective_bits_per_element"]
             row["policy_demotion_failures"] = stats["policy_demotion_failures"]
@@ -319,10 +353,23 @@ def scrape_running(server):
     return None
 
 
+def flashinfer_missing():
+    """None when FlashInfer's decode runs here, else why not (its rows are then skipped)."""
+    try:
+        import flashinfer  # noqa: F401
+        return None
+    except Exception as e:  # noqa: BLE001 (an import can fail in many ways)
+        return f"{type(e).__name__}: {str(e)[:200]}"
+
+
 def speed(model, cfg, deadline):
     rows = []
+    missing = flashinfer_missing() if model.device.type == "cuda" else "CPU run"
+    if missing:
+        print(f"speed: no FlashInfer baseline ({missing})", flush=True)
+    baselines = ["contiguous"] + ([] if missing else ["flashinfer"])
     for context in cfg["contexts"]:
-        for name in ["contiguous"] + list(PALETTES):
+        for name in baselines + list(PALETTES):
             if time.monotonic() > deadline:
                 print(f"speed: skipped {name} at {context} (time limit)", flush=True)
                 continue
@@ -405,12 +452,17 @@ def run(args):
                              torch=torch.__version__,
                              cudnn_sdpa_avoid_recompile=os.environ[
                                  "TORCH_CUDNN_SDPA_AVOID_RECOMPILE"],
-                             transformers=__import__("transformers").__version__)}
+                             transformers=__import__("transformers").__version__,
+                             flashinfer=flashinfer_missing() or
+                             __import__("flashinfer").__version__
+                             if device.type == "cuda" else None)}
     for section in args.sections.split(","):
         start = time.monotonic()
         with torch.inference_mode():
             if section == "correctness":
-                result[section] = correctness(hf, model, cfg)
+                c_hf, c_model, prompts, info = correctness_model(args, cfg, hf, model, device)
+                result[section] = correctness(c_hf, c_model, cfg, prompts, info)
+                del c_hf, c_model
             elif section == "speed":
                 result[section] = speed(model, cfg, deadline)
             elif section == "capacity":
@@ -452,8 +504,14 @@ def tables(result):
                          fmt(r.get("mean_kl_vs_fp16"), ".2e"),
                          f"{ties['gaps_within_max_logit_difference']}/{ties['positions']}"
                          if ties else "-"])
-        out.append(f"Correctness: prompts of {c['prompts']} tokens, {c['new_tokens']} new tokens "
-                   "each, against transformers' generate()\n\n" + md_table(
+        m = c.get("model", {"model": "random"})
+        model = ("the random speed model, random prompts" if m["model"] == "random" else
+                 f"the byte-level Llama trained {m['steps']} steps ({m['seconds']:.0f} s, "
+                 f"{m['tokens'] / 1e6:.0f}M bytes, final loss {m['loss']:.2f} nats/byte) "
+                 "on the standard library's source, prompts cut from it")
+        out.append(f"Correctness ({model}): prompts of {c['prompts']} tokens, "
+                   f"{c['new_tokens']} new tokens each, against transformers' generate()\n\n" +
+                   md_table(
                        ["palette", "identical", "first difference", "top-2 gap there",
                         "engine's top-2 gap there", "logit diff there", "token agreement",
                         "max logit diff (forced)", "argmax agreement (forced)",
@@ -509,9 +567,14 @@ def main():
     p.add_argument("--layers", type=int, default=0, help="decoder layers (default 4; smoke 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sections", default="correctness,speed,capacity")
+    p.add_argument("--train-seconds", type=float, default=None,
+                   help="train the correctness model for this long (kvtier_engine.train); 0: "
+                        "the random speed model. Default: 90 on CUDA, 0 on the CPU")
     p.add_argument("--time-limit", type=float, default=420,
                    help="seconds after which speed and capacity cases are skipped")
     args = p.parse_args()
+    if args.train_seconds is None:
+        args.train_seconds = 90 if args.device.startswith("cuda") and not args.smoke else 0
     if args.tables:
         with open(args.tables) as f:
             print(tables(json.load(f)))

@@ -296,3 +296,64 @@ def test_metrics_endpoint_serves_the_engine_and_the_cache(model):
     assert "kvtier_engine_steps_total 1" in lines and "kvtier_engine_tokens_total 2" in lines
     assert "kvtier_engine_cache_sequences 1.0" in lines
     assert 'kvtier_engine_cache_format_blocks_in_use{format="fp16"} 3.0' in lines
+
+
+class FakeFlashInferDecode:
+    """flashinfer.BatchDecodeWithPagedKVCacheWrapper's plan/run on the CPU: gathers each
+    request's pages through the CSR page table, as FlashInfer reads them, and attends with
+    SDPA. Tests the paging of FlashInferKV without FlashInfer."""
+
+    def __init__(self, workspace, layout, use_tensor_cores=False):
+        assert layout == "HND"
+
+    def plan(self, indptr, indices, last_page_len, q_heads, kv_heads, head_dim, page_tokens,
+             pos_encoding_mode, sm_scale, q_data_type, kv_data_type):
+        self.tables = [indices[indptr[i]:indptr[i + 1]].long() for i in range(len(indptr) - 1)]
+        self.last, self.page_tokens, self.scale = last_page_len.tolist(), page_tokens, sm_scale
+
+    def run(self, q, pool):
+        out = []
+        for i, pages in enumerate(self.tables):
+            n = (len(pages) - 1) * self.page_tokens + self.last[i]
+            kv = pool[pages].permute(1, 2, 0, 3, 4).flatten(2, 3)[:, :, :n].float()
+            out.append(torch.nn.functional.scaled_dot_product_attention(
+                q[i].float()[:, None], kv[0], kv[1], scale=self.scale, enable_gqa=True)[:, 0])
+        return torch.stack(out).half()
+
+
+def test_flashinfer_baseline_pages_requests_as_flashinfer_reads_them(model, monkeypatch):
+    import types
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(
+        BatchDecodeWithPagedKVCacheWrapper=FakeFlashInferDecode))
+    from kvtier_engine.flashinfer_kv import FlashInferKV
+    m = LlamaCompute(model)
+    timer = StepTimer()
+    # 12 pages of 16 tokens: the three requests need 4 + 4 + 4; the first finishes early and
+    # its pages go to the last, which joins later.
+    kv = FlashInferKV(m, max_tokens=12 * 16, timer=timer)
+    engine = Engine(m, backend=kv, max_batch=3, timer=timer)
+    ps = prompts()
+    late = prompts(tails=(2,), seed=5)[0][:11]
+    news = [4, TOTAL - len(ps[1]), TOTAL - len(ps[2]), TOTAL - len(late)]
+    ids = [engine.submit(p, n) for p, n in zip(ps + [late], news)]
+    engine.run()
+    for rid, p, n in zip(ids, ps + [late], news):
+        assert engine.results[rid].tokens == reference(model, p, n)[0]
+    assert sorted(kv.free) == list(range(12)) and not kv.tables
+    with pytest.raises(RequestError, match="more than the FlashInfer pool"):
+        engine.submit(ps[0], 13 * 16)
+
+
+def test_byte_llama_learns_the_standard_library():
+    from kvtier_engine.train import stdlib_corpus, train_byte_llama
+    corpus = stdlib_corpus(limit_bytes=1 << 20)
+    assert len(corpus) == 1 << 20
+    tiny = dict(layers=1, hidden=128, q_heads=1, kv_heads=1, intermediate=256, vocab=256,
+                max_positions=64)
+    lines = []
+    trained, info = train_byte_llama(corpus, 0, device="cpu", seq=32, batch=8, max_steps=60,
+                                     geometry=tiny, log=lines.append)
+    # From ln(256) = 5.55 nats per byte (uniform, the untrained start) to well below.
+    assert info["steps"] == 60 and info["loss"] < 4.0
+    assert lines and "step 60/60" in lines[-1]
+    assert not trained.training
