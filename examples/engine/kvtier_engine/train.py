@@ -54,10 +54,17 @@ def train_byte_llama(corpus, seconds, seed=0, device="cuda", seq=3072, batch=16,
     autocast on CUDA. Returns (model in eval mode, {"steps", "tokens", "loss", "seconds"}):
     `loss` is the mean cross-entropy (nats per byte) of the last 20 steps.
     REQUIRES: len(corpus) > seq + 1."""
+    # Gradients on, also when called inside torch.inference_mode() (bench_engine's sections).
+    with torch.inference_mode(False), torch.enable_grad():
+        return _train(corpus, seconds, seed, device, seq, batch, lr, log, max_steps,
+                      geometry or BYTE_LLAMA)
+
+
+def _train(corpus, seconds, seed, device, seq, batch, lr, log, max_steps, geometry):
     from transformers import LlamaForCausalLM
     torch.manual_seed(seed)
     data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).to(torch.long)
-    config = llama_config(**(geometry or BYTE_LLAMA))
+    config = llama_config(**geometry)
     with torch.device(device):
         model = LlamaForCausalLM(config)
     model.train()
