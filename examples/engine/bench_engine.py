@@ -159,16 +159,16 @@ def text_tokens(corpus, n, seed):
 
 def correctness_model(args, cfg, hf, model, device):
     """(hf, model, prompts, description) for the correctness section: the byte-level Llama
-    trained for --train-seconds on the standard library's source (kvtier_engine.train) with
-    prompts cut from that text, or with --train-seconds 0 the speed model with random
+    trained for --train-steps on the standard library's source (kvtier_engine.train) with
+    prompts cut from that text, or with --train-steps 0 the speed model with random
     prompts. A shared system prompt, then a tail per request."""
-    if args.train_seconds <= 0:
+    if args.train_steps <= 0:
         vocab = model.config.vocab_size
         system = random_tokens(cfg["system"], vocab, 1)
         return hf, model, [system + random_tokens(n, vocab, 10 + i)
                            for i, n in enumerate(cfg["tails"])], {"model": "random"}
     corpus = stdlib_corpus()
-    trained, info = train_byte_llama(corpus, args.train_seconds, args.seed, device,
+    trained, info = train_byte_llama(corpus, args.train_steps, args.seed, device,
                                      log=lambda m: print(m, flush=True))
     trained = trained.to(hf.dtype)
     trained.generation_config.eos_token_id = None
@@ -362,14 +362,15 @@ def flashinfer_missing():
         return f"{type(e).__name__}: {str(e)[:200]}"
 
 
-def speed(model, cfg, deadline):
+def speed(model, cfg, deadline, only=None):
+    """Rows of every speed case (or those named in `only`), contexts longest first."""
     rows = []
     missing = flashinfer_missing() if model.device.type == "cuda" else "CPU run"
     if missing:
         print(f"speed: no FlashInfer baseline ({missing})", flush=True)
-    baselines = ["contiguous"] + ([] if missing else ["flashinfer"])
+    names = ["contiguous"] + ([] if missing else ["flashinfer"]) + list(PALETTES)
     for context in cfg["contexts"]:
-        for name in baselines + list(PALETTES):
+        for name in [n for n in names if only is None or n in only]:
             if time.monotonic() > deadline:
                 print(f"speed: skipped {name} at {context} (time limit)", flush=True)
                 continue
@@ -464,7 +465,8 @@ def run(args):
                 result[section] = correctness(c_hf, c_model, cfg, prompts, info)
                 del c_hf, c_model
             elif section == "speed":
-                result[section] = speed(model, cfg, deadline)
+                result[section] = speed(model, cfg, deadline,
+                                        args.backends.split(",") if args.backends else None)
             elif section == "capacity":
                 result[section] = capacity(model, cfg, deadline)
             else:
@@ -567,14 +569,18 @@ def main():
     p.add_argument("--layers", type=int, default=0, help="decoder layers (default 4; smoke 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sections", default="correctness,speed,capacity")
-    p.add_argument("--train-seconds", type=float, default=None,
-                   help="train the correctness model for this long (kvtier_engine.train); 0: "
-                        "the random speed model. Default: 90 on CUDA, 0 on the CPU")
+    p.add_argument("--train-steps", type=int, default=None,
+                   help="train the correctness model for this many steps (kvtier_engine.train; "
+                        "about 20 s on the H200); 0: the random speed model. Default: 400 on "
+                        "CUDA, 0 on the CPU")
+    p.add_argument("--backends", default=None,
+                   help="comma-separated speed cases to run (contiguous, flashinfer, fp16, fp8, "
+                        "balanced). Default: all")
     p.add_argument("--time-limit", type=float, default=420,
                    help="seconds after which speed and capacity cases are skipped")
     args = p.parse_args()
-    if args.train_seconds is None:
-        args.train_seconds = 90 if args.device.startswith("cuda") and not args.smoke else 0
+    if args.train_steps is None:
+        args.train_steps = 400 if args.device.startswith("cuda") and not args.smoke else 0
     if args.tables:
         with open(args.tables) as f:
             print(tables(json.load(f)))

@@ -8,6 +8,7 @@ decode paths for GQA with 4 query heads per KV head on the H200, docs/benchmarks
 once per step for every layer. It is what an engine gets from FlashInfer alone: paging without
 prefix sharing, precision tiers or a policy. CUDA only; needs the flashinfer package.
 """
+import numpy as np
 import torch
 
 from .backends import RequestError
@@ -28,7 +29,8 @@ class FlashInferKV:
         self.pools = [torch.zeros(shape, dtype=torch.float16, device=model.device)
                       for _ in range(model.num_layers)]
         self.free = list(range(pages - 1, -1, -1))
-        self.tables, self.lengths = {}, {}
+        # Per request: its pages (an int32 array with room to grow) and token count.
+        self.tables, self.counts, self.lengths = {}, {}, {}
         self._next = 0
         workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=model.device)
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -46,7 +48,8 @@ class FlashInferKV:
 
     def add(self, prompt):
         h, self._next = self._next, self._next + 1
-        self.tables[h], self.lengths[h] = [], 0
+        self.tables[h] = np.empty(2, np.int32)
+        self.counts[h], self.lengths[h] = 0, 0
         return h, 0
 
     def prefix_kv(self, h, layer, n):
@@ -56,17 +59,17 @@ class FlashInferKV:
         """Places for counts[i] new tokens of each request, all or nothing (MemoryError when
         the pool runs out): (page index, offset in page) tensors, one entry per new token."""
         with self.timer("append"):
-            need = sum(-(-(self.lengths[h] + c) // self.page_tokens) - len(self.tables[h])
+            need = sum(-(-(self.lengths[h] + c) // self.page_tokens) - self.counts[h]
                        for h, c in zip(hs, counts))
             if need > len(self.free):
                 raise MemoryError("the FlashInfer page pool is full")
             pages, offsets = [], []
             for h, c in zip(hs, counts):
-                table, start = self.tables[h], self.lengths[h]
+                start = self.lengths[h]
                 for pos in range(start, start + c):
-                    if pos // self.page_tokens == len(table):
-                        table.append(self.free.pop())
-                    pages.append(table[pos // self.page_tokens])
+                    if pos // self.page_tokens == self.counts[h]:
+                        self._grow(h)
+                    pages.append(int(self.tables[h][pos // self.page_tokens]))
                     offsets.append(pos % self.page_tokens)
                 self.lengths[h] = start + c
             dev = self.model.device
@@ -82,14 +85,16 @@ class FlashInferKV:
     def prepare(self, hs):
         """Page tables in FlashInfer's CSR form and one plan() for every layer of the step."""
         with self.timer("page_tables"):
-            tables = [self.tables[h] for h in hs]
-            indptr = torch.tensor([0] + [len(t) for t in tables]).cumsum(0).to(torch.int32)
-            indices = torch.tensor([p for t in tables for p in t], dtype=torch.int32)
-            last = torch.tensor([self.lengths[h] - self.page_tokens * (len(self.tables[h]) - 1)
-                                 for h in hs], dtype=torch.int32)
+            counts = np.array([self.counts[h] for h in hs], np.int32)
+            indptr = np.zeros(len(hs) + 1, np.int32)
+            np.cumsum(counts, out=indptr[1:])
+            indices = np.concatenate([self.tables[h][:self.counts[h]] for h in hs])
+            last = np.array([self.lengths[h] for h in hs], np.int32) - self.page_tokens * (
+                counts - 1)
             dev = self.model.device
+            indptr, indices, last = (torch.from_numpy(a).to(dev) for a in (indptr, indices, last))
             m = self.model
-            self.wrapper.plan(indptr.to(dev), indices.to(dev), last.to(dev), m.num_q_heads,
+            self.wrapper.plan(indptr, indices, last, m.num_q_heads,
                               m.num_kv_heads, m.head_dim, self.page_tokens,
                               pos_encoding_mode="NONE", sm_scale=m.scaling,
                               q_data_type=torch.float16, kv_data_type=torch.float16)
@@ -104,8 +109,16 @@ class FlashInferKV:
         pass
 
     def release(self, h):
-        self.free += reversed(self.tables.pop(h))
+        self.free += reversed(self.tables.pop(h)[:self.counts.pop(h)].tolist())
         del self.lengths[h]
+
+    def _grow(self, h):
+        """Gives request h one more page from the free list (REQUIRES: one is free)."""
+        table, n = self.tables[h], self.counts[h]
+        if n == len(table):
+            table = self.tables[h] = np.concatenate([table, np.empty_like(table)])
+        table[n] = self.free.pop()
+        self.counts[h] = n + 1
 
 
 def compile_kernels(q_heads=32, kv_heads=8, head_dim=128):

@@ -1,4 +1,4 @@
-"""A small trained Llama for the correctness run: byte-level, learned in a minute on one GPU.
+"""A small trained Llama for the correctness run: byte-level, learned in 20 s on one H200.
 
 No Llama-architecture checkpoint with head_dim 128 ships in a pip package small enough to carry
 to the GPU machine (docs/engine.md). A random model's next-token logits are nearly flat, so an
@@ -7,7 +7,7 @@ two correct implementations part. A trained model's are peaked where the text is
 as a real checkpoint's are. This trains one, from a fixed seed, on text every machine with
 Python has: the standard library's own source files.
 
-    python3 -m kvtier_engine.train --seconds 60 --out model_dir   # then LlamaForCausalLM.from_pretrained
+    python3 -m kvtier_engine.train --steps 400 --out model_dir   # then LlamaForCausalLM.from_pretrained
 
 The vocabulary is the 256 byte values, so prompts and outputs are readable text.
 """
@@ -47,38 +47,36 @@ def stdlib_corpus(limit_bytes=64 << 20):
     return b"".join(out)[:limit_bytes]
 
 
-def train_byte_llama(corpus, seconds, seed=0, device="cuda", seq=3072, batch=16, lr=2e-3,
-                     log=print, max_steps=None, geometry=None):
-    """A LlamaForCausalLM (`geometry`, Default: BYTE_LLAMA; float32 weights) trained on `corpus` (bytes) for about
-    `seconds` of wall time (or `max_steps` steps), AdamW with warm-up and cosine decay, bf16
-    autocast on CUDA. Returns (model in eval mode, {"steps", "tokens", "loss", "seconds"}):
-    `loss` is the mean cross-entropy (nats per byte) of the last 20 steps.
-    REQUIRES: len(corpus) > seq + 1."""
+def train_byte_llama(corpus, steps, seed=0, device="cuda", seq=3072, batch=16, lr=2e-3,
+                     log=print, geometry=None):
+    """A LlamaForCausalLM (`geometry`, Default: BYTE_LLAMA; float32 weights) trained on `corpus`
+    (bytes) for `steps` steps of `batch` rows of `seq` + 1 bytes at seeded offsets: AdamW,
+    100 steps of warm-up, cosine decay to a tenth, gradients clipped at 1, bf16 autocast on
+    CUDA. Returns (model in eval mode, {"steps", "tokens", "loss", "seconds", ...}): `loss`
+    is the mean cross-entropy (nats per byte) of the last 20 steps.
+    REQUIRES: steps >= 1, len(corpus) > seq + 1."""
     # Gradients on, also when called inside torch.inference_mode() (bench_engine's sections).
     with torch.inference_mode(False), torch.enable_grad():
-        return _train(corpus, seconds, seed, device, seq, batch, lr, log, max_steps,
-                      geometry or BYTE_LLAMA)
+        return _train(corpus, steps, seed, device, seq, batch, lr, log, geometry or BYTE_LLAMA)
 
 
-def _train(corpus, seconds, seed, device, seq, batch, lr, log, max_steps, geometry):
+def _train(corpus, steps, seed, device, seq, batch, lr, log, geometry):
     from transformers import LlamaForCausalLM
     torch.manual_seed(seed)
     data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).to(torch.long)
-    config = llama_config(**geometry)
     with torch.device(device):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(llama_config(**geometry))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(seed)
     autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16,
                               enabled=torch.device(device).type == "cuda")
-    # The schedule needs the number of steps: estimate it from the first 10 steps' pace.
-    planned, start, losses, step = max_steps or 10**9, time.monotonic(), [], 0
-    while step < planned:
+    start, losses = time.monotonic(), []
+    for step in range(steps):
         at = torch.randint(0, data.numel() - seq - 1, (batch,), generator=gen)
         x = torch.stack([data[i:i + seq + 1] for i in at.tolist()]).to(device)
         warm = min(1.0, (step + 1) / 100)
-        decay = 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(planned, 1))))
+        decay = 0.5 * (1 + math.cos(math.pi * step / steps))
         for g in opt.param_groups:
             g["lr"] = lr * warm * (0.1 + 0.9 * decay)
         with autocast:
@@ -88,16 +86,12 @@ def _train(corpus, seconds, seed, device, seq, batch, lr, log, max_steps, geomet
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(float(loss.detach()))
-        step += 1
-        elapsed = time.monotonic() - start
-        if max_steps is None and step == 10:
-            planned = max(20, int(seconds / (elapsed / 10)))
-        if step % 200 == 0 or step == planned:
-            log(f"train: step {step}/{planned} loss {sum(losses[-20:]) / len(losses[-20:]):.3f} "
-                f"nats/byte, {elapsed:.0f} s")
+        if (step + 1) % 100 == 0 or step + 1 == steps:
+            log(f"train: step {step + 1}/{steps} loss {sum(losses[-20:]) / len(losses[-20:]):.3f} "
+                f"nats/byte, {time.monotonic() - start:.0f} s")
     model.eval()
     tail = losses[-20:]
-    return model, {"steps": step, "tokens": step * batch * seq, "loss": sum(tail) / len(tail),
+    return model, {"steps": steps, "tokens": steps * batch * seq, "loss": sum(tail) / len(tail),
                    "seconds": time.monotonic() - start, "seq": seq, "batch": batch,
                    "corpus_bytes": len(corpus), "seed": seed}
 
@@ -113,11 +107,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="directory for save_pretrained")
-    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--steps", type=int, default=400)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
-    model, info = train_byte_llama(stdlib_corpus(), args.seconds, args.seed, args.device)
+    model, info = train_byte_llama(stdlib_corpus(), args.steps, args.seed, args.device)
     model.save_pretrained(args.out)
     print(info)
 
