@@ -13,7 +13,8 @@ Sections (each written to the JSON as soon as it is done, so a timeout keeps wha
   difference, argmax agreement); the fp8 and balanced policies teacher-forced on the same tokens
   (argmax agreement with FP16, mean KL(FP16 || palette) of the next-token distributions) and
   free-running (token agreement with generate()).
-- speed: for the contiguous FP16 + SDPA loop and kvtier with fp16, fp8 and balanced, 64 requests
+- speed: for the contiguous FP16 + SDPA loop, FlashInfer's paged FP16 decode (when flashinfer
+  imports) and kvtier with fp16, fp8 and balanced, 64 requests
   prefilled to each context, then decode at batch 64, 16 and 1 (requests cancelled in between):
   tokens/s over timed steps (device synchronised around them), and profiled steps split into
   attention, append, page tables, policy, model (projections, MLP, norms, LM head) and Python
@@ -21,9 +22,12 @@ Sections (each written to the JSON as soon as it is done, so a timeout keeps wha
 - capacity: per palette, at a fixed budget, the most requests of each context the engine held
   at once (requests wait and are preempted when the cache is full).
 
-The model is random (kvtier_engine.random_llama, fixed seed; docs/engine.md says why): on CUDA,
+Correctness runs on a byte-level Llama trained for --train-steps on the standard library's
+source (kvtier_engine.train; on the CPU and with --train-steps 0, the speed model). The speed
+model is random (kvtier_engine.random_llama, fixed seed; docs/engine.md says why): on CUDA,
 Llama-3-8B's attention and MLP geometry (32 query / 8 KV heads, head_dim 128) with 4 layers
-(--layers), float16; on the CPU, the TINY model in float32.
+(--layers), float16; on the CPU, the TINY model in float32. With flashinfer importable (CUDA),
+the speed section adds FlashInfer's paged FP16 decode as a second baseline.
 """
 import argparse
 import gc
