@@ -53,7 +53,9 @@ struct PagedDecodeParams {
   float softmax_scale = 0.f;
   const float* q = nullptr;  // device [batch, num_q_heads, kDecodeHeadDim]
   float* out = nullptr;      // device [batch, num_q_heads, kDecodeHeadDim]
-  float* lse = nullptr;      // device [batch, num_q_heads], natural log; -inf for an empty sequence
+  // device [batch, num_q_heads], natural log; -inf for an empty sequence, NaN (with a NaN output)
+  // for a head with a NaN or +inf logit, as the CPU reference.
+  float* lse = nullptr;
   // Split-KV: split s of a sequence attends its pages [s * pages_per_split, (s + 1) * ...).
   int32_t num_splits = 1;
   int32_t pages_per_split = 0;  // REQUIRES: num_splits * pages_per_split >= every page count
@@ -99,7 +101,8 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream);
 // Merges `parts` partial attention states per row into one, exactly by log-sum-exp (natural
 // log): part k of row r is v[k * v_part_stride + r * head_dim ...] with LSE
 // s[k * s_part_stride + r]. A part with LSE -inf is empty; a row whose parts are all empty gets a
-// zero output and LSE -inf. out/lse must not alias the inputs.
+// zero output and LSE -inf; a row with a NaN or +inf LSE gets NaN output and LSE (as
+// MergeStates). out/lse must not alias the inputs.
 struct MergeStatesParams {
   const float* v = nullptr;
   const float* s = nullptr;

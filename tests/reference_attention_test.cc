@@ -172,6 +172,40 @@ TEST(ReferenceAttentionTest, AnEmptyPartIsMinusInfinityAndContributesNothing) {
   EXPECT_EQ(merged.out, std::vector<float>(dim, 0.f));
 }
 
+// The contract the fused kernel and the merge kernel follow (tests/gpu/decode_attention_test.cc
+// checks them against it): a NaN or +inf logit, or only -inf logits, make a head NaN, not empty.
+TEST(ReferenceAttentionTest, NanOrInfiniteLogitsGiveNan) {
+  const int dim = 16, len = 5, q_heads = 4;
+  std::vector<float> k = RandomFloats(len * dim, 61);
+  const std::vector<float> v = RandomFloats(len * dim, 62);
+  std::vector<float> q = RandomFloats(q_heads * dim, 63);
+  for (int t = 0; t < len; ++t) k[t * dim] = 1.f;
+  q[0 * dim + 3] = NAN;                                       // head 0: every logit NaN
+  q[1 * dim + 0] = INFINITY;                                  // head 1: every logit +inf
+  for (int d = 0; d < dim; ++d) q[2 * dim + d] = d == 0 ? -INFINITY : 0.f;  // 2: all -inf
+  Results r = MakeResults(1, q_heads, dim, 0);
+  ASSERT_TRUE(DenseDecodeAttention({DenseSequence{k, v, len}}, 1, dim,
+                                   DecodeQueries{q, q_heads, 1.f}, r.View(0)).ok());
+  for (int h = 0; h < 3; ++h) {
+    EXPECT_TRUE(std::isnan(r.lse[h])) << h;
+    for (int d = 0; d < dim; ++d) EXPECT_TRUE(std::isnan(r.out[h * dim + d])) << h << " " << d;
+  }
+  EXPECT_TRUE(std::isfinite(r.lse[3]));  // head 3 is untouched
+
+  // Merging: a NaN or +inf LSE in either part makes the row NaN; -inf stays empty.
+  const std::vector<float> a = RandomFloats(4 * dim, 64), b = RandomFloats(4 * dim, 65);
+  const std::vector<float> sa = {NAN, 1.f, INFINITY, -INFINITY};
+  const std::vector<float> sb = {2.f, NAN, 0.5f, -INFINITY};
+  std::vector<float> out(4 * dim), lse(4);
+  ASSERT_TRUE(MergeStates(a, sa, b, sb, 4, dim, absl::MakeSpan(out), absl::MakeSpan(lse)).ok());
+  for (int row = 0; row < 3; ++row) {
+    EXPECT_TRUE(std::isnan(lse[row])) << row;
+    for (int d = 0; d < dim; ++d) EXPECT_TRUE(std::isnan(out[row * dim + d])) << row;
+  }
+  EXPECT_EQ(lse[3], -INFINITY);
+  EXPECT_EQ(std::vector<float>(out.begin() + 3 * dim, out.end()), std::vector<float>(dim, 0.f));
+}
+
 TEST(ReferenceAttentionTest, QueryHeadsMapToTheirKvHeadGroup) {
   const int kv_heads = 2, q_heads = 8, dim = 16;  // group of 4
   const int64_t len = 50;

@@ -9,9 +9,10 @@
 // Math: logits l_i = softmax_scale * (q . k_i); LSE = log(sum_i exp(l_i)) in natural log;
 // output = sum_i exp(l_i - LSE) v_i. GQA: query head h reads KV head
 // h / (num_q_heads / num_kv_heads). An empty sequence (length 0) returns a zero output and
-// LSE = -inf. The CPU path accumulates in double and decodes every page with the cache's own
-// codecs, so it sees exactly what the cache stores; the fused kernel's accuracy against it is
-// stated in docs/attention.md.
+// LSE = -inf. A head with a NaN or +inf logit (e.g. from a NaN or infinite query), or whose
+// logits are all -inf, gets NaN output and LSE on both backends. The CPU path accumulates in
+// double and decodes every page with the cache's own codecs, so it sees exactly what the cache
+// stores; the fused kernel's accuracy against it is stated in docs/attention.md.
 //
 // Thread-safety: the functions are thread-compatible; they read the pools without locking, so
 // the caller must not write, demote or release the sequences being attended until the attention
@@ -77,11 +78,17 @@ KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
 // BuildPageTables and passes it to each layer's call, which on CUDA then does no per-page host
 // work and no copy. Valid, like the tables, until the cache changes (Append, Demote, EndStep):
 // a stale step is not detected, only pages outside the pools are. Move-only.
-// REQUIRES (CUDA): the attention calls run on Create's stream or on streams ordered after the
-// upload (e.g. by an event the caller records on Create's stream), and the step is destroyed
-// after them, or once they have finished when they run on other streams: its device copy is
-// freed on Create's stream when it is destroyed.
-// Thread-safety: const methods may be called concurrently.
+// CUDA streams: the step may be read from any stream. A call on a stream other than Create's
+// first makes that stream wait for the upload (an event recorded by Create), and records the end
+// of its work there; destroying the step frees the device copy on Create's stream once every
+// stream that read it has finished those reads (without blocking the host). The step may be
+// destroyed as soon as the last call returns.
+// REQUIRES (CUDA): Create's stream outlives the step (or is the default stream). Calls captured
+// into a CUDA graph are not tracked: the upload must be complete before such a graph runs, and
+// the step must outlive its runs (e.g. run the graph on Create's stream and destroy the step
+// after the last run was enqueued there).
+// Thread-safety: const methods may be called concurrently, and DecodeAttention over one step
+// may run concurrently on several threads and streams.
 class KVTIER_EXPORT PreparedDecode {
  public:
   // InvalidArgument when the tables are inconsistent (as DecodeAttention says) or name a format

@@ -20,7 +20,8 @@ namespace kvtier {
 // Merges two partial states of `rows` rows (e.g. batch x heads) into one, on the host, in
 // double: out_* are [rows, head_dim], lse_* are [rows]. out/lse may alias a or b. A part with
 // lse = -inf is empty and contributes nothing; when both are empty the result is a zero output
-// with lse = -inf. InvalidArgument for wrong sizes.
+// with lse = -inf. A row with a NaN or +inf lse in either part gets NaN output and lse (on every
+// backend: MergeStatesOn too). InvalidArgument for wrong sizes.
 KVTIER_EXPORT absl::Status MergeStates(absl::Span<const float> out_a, absl::Span<const float> lse_a,
                                        absl::Span<const float> out_b, absl::Span<const float> lse_b,
                                        int64_t rows, int32_t head_dim, absl::Span<float> out,

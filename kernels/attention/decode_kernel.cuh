@@ -167,10 +167,14 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
   const bool split_kv = p.num_splits > 1;
   for (int row = 0; row < k.group; ++row) {
     float m = -INFINITY;
+    bool nan = false;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, s.m[w][row]);
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, s.m[w][row]), nan |= isnan(s.l[w][row]);
+    // A NaN logit (never a maximum) leaves a NaN sum, as does exp2(+inf - +inf) for a +inf
+    // maximum: the head is NaN, as in the CPU reference, not empty.
+    nan |= m == INFINITY;
     float total = 0.f, acc = 0.f;
-    if (m != -INFINITY) {
+    if (m != -INFINITY && !nan) {
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
         const float f = exp2f(s.m[w][row] - m);
@@ -178,9 +182,9 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
         acc += s.out[w][row][d] * f;
       }
     }
-    const bool empty = !(total > 0.f);
-    const float out = empty ? 0.f : acc / total;
-    const float lse = empty ? -INFINITY : (m + log2f(total)) * kLn2;
+    const bool empty = !nan && !(total > 0.f);
+    const float out = nan ? NAN : empty ? 0.f : acc / total;
+    const float lse = nan ? NAN : empty ? -INFINITY : (m + log2f(total)) * kLn2;
     const int64_t out_row = static_cast<int64_t>(k.b) * p.num_q_heads + k.kv_head * k.group + row;
     if (split_kv) {
       const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;

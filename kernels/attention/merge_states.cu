@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kMergeThreads) MergeStatesKernel(const MergeSt
     m = fmaxf(m, s);
   }
   m = BlockReduce<true>(m, scratch);
-  nan = __syncthreads_or(nan);
+  nan = __syncthreads_or(nan) || m == INFINITY;  // e^(+inf - +inf) is NaN, as in MergeStates
   const bool live = m != -INFINITY && !nan;
   float total = 0.f;
   for (int k = threadIdx.x; k < p.parts; k += kMergeThreads) {

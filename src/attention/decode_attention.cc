@@ -57,7 +57,8 @@ absl::StatusOr<PreparedDecode> PreparedDecode::Create(const Cache& cache, const 
     return PreparedDecode(std::move(rep));
   }
 #if KVTIER_WITH_CUDA
-  KVTIER_ASSIGN_OR_RETURN(rep->device, CudaDecodeTables::Upload(tables, launch.stream));
+  KVTIER_ASSIGN_OR_RETURN(rep->device, CudaDecodeTables::Upload(tables, launch.stream,
+                                                                    /*any_stream=*/true));
   return PreparedDecode(std::move(rep));
 #else
   (void)launch;

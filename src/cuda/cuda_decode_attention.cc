@@ -126,7 +126,7 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaDecodeTables>> CudaDecodeTables::Upload(
-    const PageTables& tables, void* stream) {
+    const PageTables& tables, void* stream, bool any_stream) {
   std::unique_ptr<CudaDecodeTables> d(new CudaDecodeTables(stream));
   const auto s = static_cast<cudaStream_t>(stream);
   const auto copy = [s](const auto& host, auto** device) -> absl::Status {
@@ -141,14 +141,60 @@ absl::StatusOr<std::unique_ptr<CudaDecodeTables>> CudaDecodeTables::Upload(
   KVTIER_RETURN_IF_ERROR(copy(tables.packed_indptr, &d->indptr_));
   KVTIER_RETURN_IF_ERROR(copy(tables.packed, &d->packed_));
   KVTIER_RETURN_IF_ERROR(copy(tables.seq_lens, &d->seq_lens_));
+  if (any_stream) {
+    cudaEvent_t uploaded = nullptr;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
+    d->uploaded_ = uploaded;
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(uploaded, s));
+  }
   return d;
 }
 
 CudaDecodeTables::~CudaDecodeTables() {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  if (lost_reader_.load()) cudaDeviceSynchronize();
+  {
+    MutexLock lock(&mu_);
+    for (const Reader& r : readers_) {
+      cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(r.done), 0);
+      cudaEventDestroy(static_cast<cudaEvent_t>(r.done));  // released once it has completed
+    }
+  }
+  if (uploaded_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(uploaded_));
   for (void* p : {static_cast<void*>(indptr_), static_cast<void*>(packed_),
                   static_cast<void*>(seq_lens_)}) {
-    if (p != nullptr) cudaFreeAsync(p, static_cast<cudaStream_t>(stream_));
+    if (p != nullptr) cudaFreeAsync(p, s);
   }
+}
+
+absl::StatusOr<void*> CudaDecodeTables::ReaderEvent(void* stream) const {
+  MutexLock lock(&mu_);
+  for (const Reader& r : readers_) {
+    if (r.stream == stream) return r.done;
+  }
+  cudaEvent_t done = nullptr;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  readers_.push_back({stream, done});
+  return static_cast<void*>(done);
+}
+
+absl::Status CudaDecodeTables::Read(void* stream,
+                                    absl::FunctionRef<absl::Status()> enqueue) const {
+  if (stream == stream_) return enqueue();  // in stream order with the upload and the free
+  const auto s = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(s, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return enqueue();
+  if (uploaded_ == nullptr) {
+    return absl::InternalError("device page tables uploaded for one stream read on another");
+  }
+  KVTIER_ASSIGN_OR_RETURN(void* done, ReaderEvent(stream));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(uploaded_), 0));
+  const absl::Status enqueued = enqueue();
+  const cudaError_t recorded = cudaEventRecord(static_cast<cudaEvent_t>(done), s);
+  if (recorded != cudaSuccess) lost_reader_.store(true);
+  KVTIER_RETURN_IF_ERROR(enqueued);
+  return CudaStatus(recorded, "cudaEventRecord");
 }
 
 absl::Status CudaDecodeAttention(const PagedLayer& kv, const PageTables& tables,
@@ -158,7 +204,7 @@ absl::Status CudaDecodeAttention(const PagedLayer& kv, const PageTables& tables,
                           CheckPageTables(tables, kv.block_tokens, kv.formats.size()));
   KVTIER_RETURN_IF_ERROR(CheckFusedCall(kv, extent, queries, outputs));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<CudaDecodeTables> device,
-                          CudaDecodeTables::Upload(tables, launch.stream));
+                          CudaDecodeTables::Upload(tables, launch.stream, /*any_stream=*/false));
   return LaunchFused(kv, *device, extent, queries, outputs, launch);
 }
 
@@ -166,7 +212,9 @@ absl::Status CudaDecodeAttention(const PagedLayer& kv, const CudaDecodeTables& t
                                  const TableExtent& extent, const DecodeQueries& queries,
                                  const DecodeOutputs& outputs, const DeviceLaunch& launch) {
   KVTIER_RETURN_IF_ERROR(CheckFusedCall(kv, extent, queries, outputs));
-  return LaunchFused(kv, tables, extent, queries, outputs, launch);
+  return tables.Read(launch.stream, [&] {
+    return LaunchFused(kv, tables, extent, queries, outputs, launch);
+  });
 }
 
 absl::Status CudaMergeStates(absl::Span<const float> out_a, absl::Span<const float> lse_a,

@@ -4,36 +4,64 @@
 #ifndef KVTIER_SRC_CUDA_CUDA_DECODE_ATTENTION_H_
 #define KVTIER_SRC_CUDA_CUDA_DECODE_ATTENTION_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kvtier/attention.h"
 #include "kvtier/page_tables.h"
 #include "src/attention/attention_contract.h"
+#include "src/mutex.h"
 
 namespace kvtier {
 
-// A batch's packed_indptr, packed and seq_lens in device memory (PreparedDecode's CUDA half).
+// A batch's packed_indptr, packed and seq_lens in device memory (PreparedDecode's CUDA half),
+// readable from any stream: Read on a stream other than the upload's first makes it wait for the
+// upload (an event recorded after the copies), then records the end of its reads in that
+// stream's event; the destructor makes the upload stream wait for every reader stream's event
+// before it frees the copies there. Reads captured into a CUDA graph are not tracked (an event
+// recorded in a capture cannot be waited on outside it; see PreparedDecode's REQUIRES).
+// Thread-safety: Read may be called concurrently.
 class CudaDecodeTables {
  public:
-  // Copies them on `stream` (a cudaStream_t). Internal for a CUDA error.
+  // Copies them on `stream` (a cudaStream_t); with `any_stream`, records the upload event for
+  // reads on other streams. Internal for a CUDA error.
   static absl::StatusOr<std::unique_ptr<CudaDecodeTables>> Upload(const PageTables& tables,
-                                                                  void* stream);
-  ~CudaDecodeTables();  // frees the copies on the stream of Upload
+                                                                  void* stream, bool any_stream);
+  ~CudaDecodeTables();  // frees the copies on the stream of Upload, after every reader stream
+
+  // Runs `enqueue`, which enqueues reads of the tables on `stream`, ordered after the upload and
+  // before the free. REQUIRES: a stream other than Upload's only with any_stream. Internal for a
+  // CUDA error (nothing enqueued when the wait for the upload fails), else enqueue's status.
+  absl::Status Read(void* stream, absl::FunctionRef<absl::Status()> enqueue) const;
 
   const int32_t* packed_indptr() const { return indptr_; }
   const uint32_t* packed() const { return packed_; }
   const int32_t* seq_lens() const { return seq_lens_; }
 
  private:
+  struct Reader {
+    void* stream;
+    void* done;  // a cudaEvent_t recorded after the stream's last read
+  };
   explicit CudaDecodeTables(void* stream) : stream_(stream) {}
+  absl::StatusOr<void*> ReaderEvent(void* stream) const;  // found or created
+
   void* stream_;
+  void* uploaded_ = nullptr;  // a cudaEvent_t recorded after the copies (with any_stream)
   int32_t* indptr_ = nullptr;
   uint32_t* packed_ = nullptr;
   int32_t* seq_lens_ = nullptr;
+  mutable Mutex mu_;
+  mutable std::vector<Reader> readers_ ABSL_GUARDED_BY(mu_);
+  // A reader's event could not be recorded: the destructor waits for the whole device.
+  mutable std::atomic<bool> lost_reader_{false};
 };
 
 // DecodeAttention's CUDA path; `kv` holds device pointers.

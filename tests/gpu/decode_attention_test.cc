@@ -2,16 +2,18 @@
 // bytes (CachePair), the reference attends the CPU cache and the kernel the CUDA cache, for
 // every format of the palettes below mixed within sequences, GQA groups 1 to 16, batch 1 to
 // 256, contexts 1 to 128K tokens (split-KV), ragged lengths and empty sequences. Tolerances are
-// the ones docs/attention.md states. Also: the LSE merge kernel against MergeStates, and the
-// kernel's refusals. Every comparison also attends the step prepared once (PreparedDecode) and
-// requires the same bits.
+// the ones docs/attention.md states. Also: NaN and infinite queries (NaN where the reference is
+// NaN), the LSE merge kernel against MergeStates, and the kernel's refusals. Every comparison
+// also attends the step prepared once (PreparedDecode) and requires the same bits.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -71,14 +73,20 @@ struct Outputs {
 };
 
 // The reference on the CPU cache and the kernel on the CUDA cache; returns "" when they agree.
+// With `specials`, some query heads hold a NaN, +inf or -inf: where the reference is NaN the
+// kernel must be NaN too (output and LSE).
 std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int group,
-                    std::mt19937* rng) {
+                    std::mt19937* rng, bool specials = false) {
   const Geometry& g = pair.options().geometry;
   const int q_heads = g.num_kv_heads * group;
   const size_t rows = seqs.size() * q_heads;
   std::vector<float> q(rows * g.head_dim);
   std::normal_distribution<float> normal(0.f, 1.f);
   for (float& x : q) x = normal(*rng);
+  for (size_t r = 0; specials && r < rows; ++r) {
+    const float special[] = {0.f, NAN, INFINITY, -INFINITY};
+    if (r % 5 >= 1 && r % 5 <= 3) q[r * g.head_dim + r % 7] = special[r % 5];
+  }
   const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
 
   PageTables ct, gt;
@@ -135,6 +143,15 @@ std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int gr
       continue;
     }
     const size_t first = r * g.head_dim;
+    if (std::isnan(ref.lse[r])) {
+      for (int d = 0; d < g.head_dim; ++d) {
+        if (!std::isnan(got.out[first + d]) || !std::isnan(got.lse[r])) {
+          return absl::StrCat("row ", r, ": the reference is NaN, the kernel gives lse ",
+                              got.lse[r], " and output ", got.out[first + d], " at dim ", d);
+        }
+      }
+      continue;
+    }
     const double rel = RelativeError(absl::MakeConstSpan(got.out).subspan(first, g.head_dim),
                                      absl::MakeConstSpan(ref.out).subspan(first, g.head_dim));
     const double dl = std::fabs(static_cast<double>(ref.lse[r]) - got.lse[r]);
@@ -223,6 +240,98 @@ TEST(DecodeAttentionTest, LongContextSplitKv) {
   }
 }
 
+// NaN and infinite queries, staged and directly read FP16 pages, split and unsplit sequences:
+// a head the reference makes NaN is NaN, never empty (0, -inf); the other heads still agree.
+TEST(DecodeAttentionTest, NanOrInfiniteQueriesGiveNanAsTheReference) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(19);
+  for (const auto& palette : {Palettes()[1], std::vector<std::string>{"fp16"}}) {
+    SCOPED_TRACE(absl::StrJoin(palette, " "));
+    auto pair = CachePair::Create(MakeOptions(palette, 512)).value();
+    const std::vector<SequenceId> seqs = Fill(*pair, {1, 17, 300, TestScale(16384)}, &rng);
+    for (int group : {1, 4, 16}) {
+      EXPECT_EQ(Compare(*pair, seqs, group, &rng, /*specials=*/true), "") << "group " << group;
+    }
+  }
+}
+
+// Holds back the work enqueued on `stream` after it by 100 ms (a host function that sleeps).
+void HoldBack(cudaStream_t stream) {
+  const cudaError_t e = cudaLaunchHostFunc(
+      stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); },
+      nullptr);
+  ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+}
+
+// A step prepared on one stream and read on two others: the reads must wait for the upload
+// (held back), and destroying the step right after the calls must free its tables only after
+// the readers' kernels (held back too) have run: a step made next on the upload stream reuses
+// the freed memory for other tables, so an early free would change the results.
+TEST(DecodeAttentionTest, PreparedStepReadFromOtherStreams) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  auto pair = CachePair::Create(MakeOptions(Palettes()[1], 512)).value();
+  const std::vector<SequenceId> seqs = Fill(*pair, {5, 300, 2000, 4096}, &rng);
+  const std::vector<SequenceId> others = Fill(*pair, {4000, 1, 33, 700}, &rng);
+  PageTables tables, other_tables;
+  ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
+  ASSERT_TRUE(pair->gpu().BuildPageTables(others, &other_tables).ok());
+  const int q_heads = 8 * 4, dim = 128;
+  const size_t rows = seqs.size() * q_heads;
+  std::vector<float> q(rows * dim);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (float& x : q) x = normal(rng);
+  DeviceBuffer dq;
+  dq.Upload(q);
+  const DecodeQueries queries{absl::MakeConstSpan(static_cast<const float*>(dq.data()), q.size()),
+                              q_heads, 0.088f};
+  struct Result {
+    DeviceBuffer out, lse;
+    explicit Result(size_t rows) : out(rows * 128 * 4), lse(rows * 4) {}
+    DecodeOutputs View(size_t rows) {
+      return {absl::MakeSpan(static_cast<float*>(out.data()), rows * 128),
+              absl::MakeSpan(static_cast<float*>(lse.data()), rows), {}, 0};
+    }
+    std::vector<float> Get(size_t rows) const {
+      std::vector<float> host(rows * 129);
+      cudaMemcpy(host.data(), out.data(), rows * 128 * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(host.data() + rows * 128, lse.data(), rows * 4, cudaMemcpyDeviceToHost);
+      return host;
+    }
+  };
+  Result want(rows), got0(rows), got1(rows);
+  ASSERT_TRUE(DecodeAttention(pair->gpu(), 0, tables, queries, want.View(rows), {nullptr, true})
+                  .ok());
+  cudaStream_t upload, readers[2];
+  for (cudaStream_t* s : {&upload, &readers[0], &readers[1]}) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking), cudaSuccess);
+  }
+  {
+    HoldBack(upload);
+    absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(pair->gpu(), tables, {upload});
+    ASSERT_TRUE(step.ok()) << step.status();
+    Result* got[2] = {&got0, &got1};
+    for (int i = 0; i < 2; ++i) {
+      HoldBack(readers[i]);
+      const absl::Status s =
+          DecodeAttention(pair->gpu(), 0, *step, queries, got[i]->View(rows), {readers[i]});
+      ASSERT_TRUE(s.ok()) << s;
+    }
+  }  // destroyed while its readers are held back
+  {
+    absl::StatusOr<PreparedDecode> other =
+        PreparedDecode::Create(pair->gpu(), other_tables, {upload});
+    ASSERT_TRUE(other.ok()) << other.status();
+    for (cudaStream_t s : {upload, readers[0], readers[1]}) {
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    }
+    EXPECT_EQ(CompareFloats(got0.Get(rows), want.Get(rows)), "");
+    EXPECT_EQ(CompareFloats(got1.Get(rows), want.Get(rows)), "");
+  }
+  ASSERT_EQ(cudaStreamSynchronize(upload), cudaSuccess);
+  for (cudaStream_t s : {upload, readers[0], readers[1]}) cudaStreamDestroy(s);
+}
+
 TEST(DecodeAttentionTest, MergeKernelMatchesMergeStates) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(17);
@@ -233,8 +342,8 @@ TEST(DecodeAttentionTest, MergeKernelMatchesMergeStates) {
   for (float& x : a) x = normal(rng);
   for (float& x : b) x = normal(rng);
   for (int64_t r = 0; r < rows; ++r) {
-    sa[r] = r % 7 == 0 ? -INFINITY : normal(rng);
-    sb[r] = r % 5 == 0 ? -INFINITY : normal(rng);
+    sa[r] = r % 7 == 0 ? -INFINITY : r % 11 == 3 ? NAN : r % 13 == 4 ? INFINITY : normal(rng);
+    sb[r] = r % 5 == 0 ? -INFINITY : r % 17 == 6 ? INFINITY : normal(rng);
   }
   std::vector<float> want(rows * dim), want_lse(rows);
   ASSERT_TRUE(MergeStatesOn(BackendKind::kCpu, a, sa, b, sb, rows, dim, absl::MakeSpan(want),
@@ -254,6 +363,11 @@ TEST(DecodeAttentionTest, MergeKernelMatchesMergeStates) {
   cudaMemcpy(got.data(), dout.data(), got.size() * 4, cudaMemcpyDeviceToHost);
   cudaMemcpy(got_lse.data(), dlse.data(), rows * 4, cudaMemcpyDeviceToHost);
   for (int64_t r = 0; r < rows; ++r) {
+    if (std::isnan(want_lse[r])) {  // a NaN or +inf part: the whole row is NaN
+      ASSERT_TRUE(std::isnan(got_lse[r])) << r << ": " << got_lse[r];
+      for (int d = 0; d < dim; ++d) ASSERT_TRUE(std::isnan(got[r * dim + d])) << r;
+      continue;
+    }
     if (std::isinf(want_lse[r])) {
       ASSERT_EQ(got_lse[r], want_lse[r]) << r;
     } else {
