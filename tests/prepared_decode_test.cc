@@ -123,5 +123,57 @@ TEST(PreparedDecodeTest, RefusesBadTablesSpansAndCaches) {
   EXPECT_TRUE(DecodeAttention(*cache, 0, taken, queries, two.View()).ok());
 }
 
+// Update: a step made with room (max_pages) takes the tables of later steps of the same
+// sequences and then gives their results; tables of another batch, over max_pages, or
+// inconsistent are refused and leave the step as it was.
+TEST(PreparedDecodeTest, UpdateTakesLaterTablesOfTheSameBatch) {
+  auto cache = MustCreate(TestOptions({"fp16", "fp8_e4m3/block_head"}));
+  const std::vector<SequenceId> seqs = WriteBatch(*cache, {40, 15});
+  PageTables tables;
+  ASSERT_TRUE(cache->BuildPageTables(seqs, &tables).ok());
+  EXPECT_EQ(PreparedDecode::Create(*cache, tables, {}, -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(*cache, tables, {}, 4);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const std::vector<float> q = RandomFloats(2 * kQHeads * 32, 5);
+  const DecodeQueries queries{q, kQHeads, 0.3f};
+  auto expect_equal = [&](const PageTables& t) {
+    Outputs want(2), got(2);
+    ASSERT_TRUE(DecodeAttention(*cache, 1, t, queries, want.View()).ok());
+    ASSERT_TRUE(DecodeAttention(*cache, 1, *step, queries, got.View()).ok());
+    EXPECT_EQ(got.out, want.out);
+    EXPECT_EQ(got.lse, want.lse);
+  };
+  for (int i = 0; i < 20; ++i) {  // 40 -> 60 tokens: 3 -> 4 pages
+    const Geometry& g = cache->options().geometry;
+    for (const SequenceId seq : seqs) {
+      std::vector<int64_t> slots;
+      ASSERT_TRUE(cache->Append(seq, 1, &slots).ok());
+      const size_t n = static_cast<size_t>(g.num_kv_heads) * g.head_dim;
+      const std::vector<uint16_t> k = RandomHalves(n, 100 + i), v = RandomHalves(n, 200 + i);
+      for (int32_t layer = 0; layer < g.num_layers; ++layer) {
+        const KVInput input{DType::kFloat16, k.data(), v.data(), 1, g.num_kv_heads, g.head_dim};
+        ASSERT_TRUE(cache->WriteKV(layer, slots, input).ok());
+      }
+    }
+    ASSERT_TRUE(cache->BuildPageTables(seqs, &tables).ok());
+    ASSERT_TRUE(step->Update(tables).ok());
+    expect_equal(tables);
+  }
+  PageTables longer = tables, fewer, bad = tables;
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->Append(seqs[0], 8, &slots).ok());  // 68 tokens: 5 pages
+  ASSERT_TRUE(cache->BuildPageTables(seqs, &longer).ok());
+  ASSERT_TRUE(cache->BuildPageTables({seqs[0]}, &fewer).ok());
+  bad.seq_lens[1] = 200;
+  for (const PageTables* t : {&longer, &fewer, &bad}) {
+    EXPECT_EQ(step->Update(*t).code(), absl::StatusCode::kInvalidArgument);
+  }
+  expect_equal(tables);  // unchanged
+  PreparedDecode taken = std::move(*step);
+  EXPECT_EQ(step->Update(tables).code(),  // NOLINT(bugprone-use-after-move)
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace kvtier

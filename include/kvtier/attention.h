@@ -91,10 +91,25 @@ KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
 // may run concurrently on several threads and streams.
 class KVTIER_EXPORT PreparedDecode {
  public:
+  // With room for the step's sequences to grow to `max_pages` pages each (Default 0: the
+  // tables' longest), for Update: the split of each sequence's pages across the GPU is planned
+  // for that many, so the results of a step depend on max_pages (bits, not accuracy).
   // InvalidArgument when the tables are inconsistent (as DecodeAttention says) or name a format
-  // outside the palette; Unavailable on CUDA in builds without CUDA; Internal for a CUDA error.
+  // outside the palette, or max_pages < 0; Unavailable on CUDA in builds without CUDA; Internal
+  // for a CUDA error.
   static absl::StatusOr<PreparedDecode> Create(const Cache& cache, const PageTables& tables,
-                                               const DeviceLaunch& launch = {});
+                                               const DeviceLaunch& launch = {},
+                                               int32_t max_pages = 0);
+
+  // Makes the step the one of `tables`, a later step's tables of the same sequences (e.g. after
+  // each sequence's Append), in place: on CUDA the copy goes to the same device buffers, on
+  // Create's stream, after the reads of the previous tables on other streams. So a CUDA graph
+  // that captured DecodeAttention over this step on Create's stream replays over the new
+  // tables, with the same bits as an uncaptured call. Not concurrent with the const methods.
+  // InvalidArgument (the step unchanged) when the tables are inconsistent, have another number
+  // of sequences, or a sequence over max_pages pages; FailedPrecondition for a moved-from step;
+  // Internal for a CUDA error (the step's device tables are then undefined: destroy it).
+  absl::Status Update(const PageTables& tables);
   PreparedDecode(PreparedDecode&&) noexcept;
   PreparedDecode& operator=(PreparedDecode&&) noexcept;
   ~PreparedDecode();

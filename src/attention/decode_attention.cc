@@ -1,8 +1,10 @@
 #include "kvtier/attention.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "src/attention/attention_contract.h"
 #include "src/attention/reference_attention.h"
 #include "src/status_macros.h"
@@ -46,24 +48,52 @@ PreparedDecode::~PreparedDecode() = default;
 int64_t PreparedDecode::batch() const { return rep_ == nullptr ? 0 : rep_->extent.batch; }
 
 absl::StatusOr<PreparedDecode> PreparedDecode::Create(const Cache& cache, const PageTables& tables,
-                                                      const DeviceLaunch& launch) {
+                                                      const DeviceLaunch& launch,
+                                                      int32_t max_pages) {
   const Options& options = cache.options();
   auto rep = std::make_unique<Rep>();
   rep->cache = &cache;
   KVTIER_ASSIGN_OR_RETURN(rep->extent, CheckPageTables(tables, options.geometry.block_tokens,
                                                        options.palette.size()));
+  if (max_pages < 0) return absl::InvalidArgumentError("max_pages < 0");
+  // Every later step's split is planned for this many pages, so that a captured launch replays.
+  rep->extent.max_pages = std::max(rep->extent.max_pages, max_pages);
   if (options.backend == BackendKind::kCpu) {
     rep->tables = tables;
     return PreparedDecode(std::move(rep));
   }
 #if KVTIER_WITH_CUDA
+  const size_t capacity = static_cast<size_t>(rep->extent.batch) * rep->extent.max_pages;
   KVTIER_ASSIGN_OR_RETURN(rep->device, CudaDecodeTables::Upload(tables, launch.stream,
-                                                                    /*any_stream=*/true));
+                                                                    /*any_stream=*/true, capacity));
   return PreparedDecode(std::move(rep));
 #else
   (void)launch;
   return absl::UnavailableError("kvtier was built without CUDA");
 #endif
+}
+
+absl::Status PreparedDecode::Update(const PageTables& tables) {
+  if (rep_ == nullptr) return absl::FailedPreconditionError("the step was moved from");
+  const Options& options = rep_->cache->options();
+  KVTIER_ASSIGN_OR_RETURN(TableExtent extent, CheckPageTables(tables, options.geometry.block_tokens,
+                                                              options.palette.size()));
+  if (extent.batch != rep_->extent.batch || extent.max_pages > rep_->extent.max_pages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the step was prepared for ", rep_->extent.batch, " sequences of at most ",
+        rep_->extent.max_pages, " pages; these tables have ", extent.batch,
+        " sequences of up to ", extent.max_pages));
+  }
+  extent.max_pages = rep_->extent.max_pages;
+  if (options.backend == BackendKind::kCpu) {
+    rep_->tables = tables;
+  } else {
+#if KVTIER_WITH_CUDA
+    KVTIER_RETURN_IF_ERROR(rep_->device->Overwrite(tables));
+#endif
+  }
+  rep_->extent = std::move(extent);
+  return absl::OkStatus();
 }
 
 absl::Status DecodeAttention(const Cache& cache, int32_t layer, const PreparedDecode& step,

@@ -126,21 +126,14 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaDecodeTables>> CudaDecodeTables::Upload(
-    const PageTables& tables, void* stream, bool any_stream) {
+    const PageTables& tables, void* stream, bool any_stream, size_t packed_capacity) {
   std::unique_ptr<CudaDecodeTables> d(new CudaDecodeTables(stream));
   const auto s = static_cast<cudaStream_t>(stream);
-  const auto copy = [s](const auto& host, auto** device) -> absl::Status {
-    using T = typename std::decay_t<decltype(host)>::value_type;
-    KVTIER_ASSIGN_OR_RETURN(*device, AllocateOn<T>(s, host.size()));
-    if (!host.empty()) {
-      KVTIER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*device, host.data(), host.size() * sizeof(T),
-                                                  cudaMemcpyHostToDevice, s));
-    }
-    return absl::OkStatus();
-  };
-  KVTIER_RETURN_IF_ERROR(copy(tables.packed_indptr, &d->indptr_));
-  KVTIER_RETURN_IF_ERROR(copy(tables.packed, &d->packed_));
-  KVTIER_RETURN_IF_ERROR(copy(tables.seq_lens, &d->seq_lens_));
+  d->packed_capacity_ = std::max(packed_capacity, tables.packed.size());
+  KVTIER_ASSIGN_OR_RETURN(d->indptr_, AllocateOn<int32_t>(s, tables.packed_indptr.size()));
+  KVTIER_ASSIGN_OR_RETURN(d->packed_, AllocateOn<uint32_t>(s, d->packed_capacity_));
+  KVTIER_ASSIGN_OR_RETURN(d->seq_lens_, AllocateOn<int32_t>(s, tables.seq_lens.size()));
+  KVTIER_RETURN_IF_ERROR(d->CopyIn(tables));
   if (any_stream) {
     cudaEvent_t uploaded = nullptr;
     KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
@@ -148,6 +141,35 @@ absl::StatusOr<std::unique_ptr<CudaDecodeTables>> CudaDecodeTables::Upload(
     KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(uploaded, s));
   }
   return d;
+}
+
+absl::Status CudaDecodeTables::CopyIn(const PageTables& tables) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const auto copy = [s](const auto& host, auto* device) -> absl::Status {
+    using T = typename std::decay_t<decltype(host)>::value_type;
+    if (host.empty()) return absl::OkStatus();
+    return CudaStatus(
+        cudaMemcpyAsync(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, s),
+        "cudaMemcpyAsync");
+  };
+  KVTIER_RETURN_IF_ERROR(copy(tables.packed_indptr, indptr_));
+  KVTIER_RETURN_IF_ERROR(copy(tables.packed, packed_));
+  return copy(tables.seq_lens, seq_lens_);
+}
+
+absl::Status CudaDecodeTables::Overwrite(const PageTables& tables) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  {
+    MutexLock lock(&mu_);
+    for (const Reader& r : readers_) {
+      KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(r.done), 0));
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(CopyIn(tables));
+  if (uploaded_ != nullptr) {
+    KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(uploaded_), s));
+  }
+  return absl::OkStatus();
 }
 
 CudaDecodeTables::~CudaDecodeTables() {
@@ -204,7 +226,7 @@ absl::Status CudaDecodeAttention(const PagedLayer& kv, const PageTables& tables,
                           CheckPageTables(tables, kv.block_tokens, kv.formats.size()));
   KVTIER_RETURN_IF_ERROR(CheckFusedCall(kv, extent, queries, outputs));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<CudaDecodeTables> device,
-                          CudaDecodeTables::Upload(tables, launch.stream, /*any_stream=*/false));
+                          CudaDecodeTables::Upload(tables, launch.stream, /*any_stream=*/false, 0));
   return LaunchFused(kv, *device, extent, queries, outputs, launch);
 }
 

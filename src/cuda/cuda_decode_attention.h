@@ -30,11 +30,20 @@ namespace kvtier {
 // Thread-safety: Read may be called concurrently.
 class CudaDecodeTables {
  public:
-  // Copies them on `stream` (a cudaStream_t); with `any_stream`, records the upload event for
+  // Copies them on `stream` (a cudaStream_t) into buffers with room for `packed_capacity`
+  // packed entries (at least the tables' own); with `any_stream`, records the upload event for
   // reads on other streams. Internal for a CUDA error.
   static absl::StatusOr<std::unique_ptr<CudaDecodeTables>> Upload(const PageTables& tables,
-                                                                  void* stream, bool any_stream);
+                                                                  void* stream, bool any_stream,
+                                                                  size_t packed_capacity);
   ~CudaDecodeTables();  // frees the copies on the stream of Upload, after every reader stream
+
+  // Copies `tables` into the same buffers on the stream of Upload, after the reads on other
+  // streams so far (and, with any_stream, records the upload event again). REQUIRES: as many
+  // sequences as Upload's, at most packed_capacity() entries; not concurrent with Read.
+  // Internal for a CUDA error (the device tables are then undefined).
+  absl::Status Overwrite(const PageTables& tables);
+  size_t packed_capacity() const { return packed_capacity_; }
 
   // Runs `enqueue`, which enqueues reads of the tables on `stream`, ordered after the upload and
   // before the free. REQUIRES: a stream other than Upload's only with any_stream. Internal for a
@@ -52,11 +61,13 @@ class CudaDecodeTables {
   };
   explicit CudaDecodeTables(void* stream) : stream_(stream) {}
   absl::StatusOr<void*> ReaderEvent(void* stream) const;  // found or created
+  absl::Status CopyIn(const PageTables& tables);           // on the stream of Upload
 
   void* stream_;
   void* uploaded_ = nullptr;  // a cudaEvent_t recorded after the copies (with any_stream)
   int32_t* indptr_ = nullptr;
   uint32_t* packed_ = nullptr;
+  size_t packed_capacity_ = 0;
   int32_t* seq_lens_ = nullptr;
   mutable Mutex mu_;
   mutable std::vector<Reader> readers_ ABSL_GUARDED_BY(mu_);

@@ -332,6 +332,97 @@ TEST(DecodeAttentionTest, PreparedStepReadFromOtherStreams) {
   for (cudaStream_t s : {upload, readers[0], readers[1]}) cudaStreamDestroy(s);
 }
 
+// A decode step captured in a CUDA graph on the engine's stream (attention over a prepared step
+// made with room to grow, then a merge with a second state), replayed for 32 steps with a new
+// token per sequence (Append and WriteKV outside the graph, PreparedDecode::Update before each
+// replay): the same bits as the same calls uncaptured, and as a step freshly made.
+TEST(DecodeAttentionTest, CapturedStepReplaysWithNewTokens) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(29);
+  auto pair = CachePair::Create(MakeOptions(Palettes()[1], 512)).value();
+  const std::vector<SequenceId> seqs = Fill(*pair, {3, 100, 1000, 3000}, &rng);
+  constexpr int kSteps = 32;
+  const int q_heads = 8 * 4, dim = 128;
+  const size_t rows = seqs.size() * q_heads, n = rows * dim;
+  const int32_t max_pages = (3000 + kSteps + 15) / 16;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  PageTables tables;
+  ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
+  absl::StatusOr<PreparedDecode> step =
+      PreparedDecode::Create(pair->gpu(), tables, {stream}, max_pages);
+  ASSERT_TRUE(step.ok()) << step.status();
+  DeviceBuffer dq(n * 4), out(n * 4), lse(rows * 4), other, other_lse, merged(n * 4),
+      merged_lse(rows * 4);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> host(n);
+  for (float& x : host) x = normal(rng);
+  other.Upload(host);
+  host.resize(rows);
+  for (float& x : host) x = normal(rng);
+  other_lse.Upload(host);
+  auto span = [](DeviceBuffer& b, size_t size) {
+    return absl::MakeSpan(static_cast<float*>(b.data()), size);
+  };
+  const DecodeQueries queries{span(dq, n), q_heads, 0.088f};
+  const DecodeOutputs outputs{span(out, n), span(lse, rows), {}, 0};
+  auto enqueue = [&](const PreparedDecode& s) {
+    const absl::Status attended = DecodeAttention(pair->gpu(), 0, s, queries, outputs, {stream});
+    if (!attended.ok()) return attended;
+    return MergeStatesOn(BackendKind::kCuda, span(out, n), span(lse, rows), span(other, n),
+                         span(other_lse, rows), static_cast<int64_t>(rows), dim,
+                         span(merged, n), span(merged_lse, rows), {stream});
+  };
+  auto results = [&] {  // the attention's and the merge's outputs and LSEs
+    std::vector<float> r(2 * (n + rows));
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaMemcpy(r.data(), out.data(), n * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(r.data() + n, lse.data(), rows * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(r.data() + n + rows, merged.data(), n * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(r.data() + 2 * n + rows, merged_lse.data(), rows * 4, cudaMemcpyDeviceToHost);
+    return r;
+  };
+  ASSERT_TRUE(enqueue(*step).ok());  // one-time setup (the kernels' shared memory limit)
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status captured = enqueue(*step);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  std::vector<float> previous;
+  for (int i = 0; i < kSteps; ++i) {
+    ASSERT_TRUE(pair->AppendBatch(seqs, std::vector<int64_t>(seqs.size(), 1)).ok());
+    pair->WriteAllLayers(&rng, false);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
+    ASSERT_TRUE(step->Update(tables).ok());
+    host.resize(n);
+    for (float& x : host) x = normal(rng);
+    ASSERT_EQ(cudaMemcpyAsync(dq.data(), host.data(), n * 4, cudaMemcpyHostToDevice, stream),
+              cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    const std::vector<float> replayed = results();
+    ASSERT_TRUE(enqueue(*step).ok());
+    ASSERT_EQ(CompareFloats(replayed, results()), "") << "step " << i;
+    {
+      absl::StatusOr<PreparedDecode> fresh =
+          PreparedDecode::Create(pair->gpu(), tables, {stream}, max_pages);
+      ASSERT_TRUE(fresh.ok()) << fresh.status();
+      ASSERT_TRUE(enqueue(*fresh).ok());
+      ASSERT_EQ(CompareFloats(replayed, results()), "") << "step " << i << ", fresh";
+    }
+    EXPECT_NE(replayed, previous) << "step " << i;
+    previous = replayed;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  step = absl::CancelledError("destroyed before its stream");
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+}
+
 TEST(DecodeAttentionTest, MergeKernelMatchesMergeStates) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(17);
