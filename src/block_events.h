@@ -4,7 +4,7 @@
 // recorded and nothing is called.
 //
 // Events, in vLLM's terms (vllm/distributed/kv_events.py):
-//   Stored(medium, hash, parent, tokens)  BlockStored: a full block is indexed (kDevice) or
+//   Stored(medium, hash, parent, ...)     BlockStored: a full block is indexed (kDevice) or
 //                                         arrives in a tier (offload: kHost; onload: kDevice)
 //   Removed(medium, hash)                 BlockRemoved: an indexed block leaves a tier (dropped,
 //                                         evicted, or moved to the other tier)
@@ -38,9 +38,10 @@ class BlockEventSink {
   virtual ~BlockEventSink() = default;
 
   // The block `hash` (its prefix identity) is now held in `medium`. `parent_hash` is the
-  // identity it chains from (kRootParentHash for a first block); `tokens` its block_tokens
-  // token ids, valid for the call only.
-  virtual void Stored(Medium medium, uint64_t hash, uint64_t parent_hash,
+  // identity it chains from (kRootParentHash for a first block), `extra_key` its sequence's
+  // SequenceOptions::extra_key (part of `hash`); `tokens` its block_tokens token ids, valid for
+  // the call only.
+  virtual void Stored(Medium medium, uint64_t hash, uint64_t parent_hash, uint64_t extra_key,
                       absl::Span<const int32_t> tokens) = 0;
   // The block `hash` is no longer held in `medium`.
   virtual void Removed(Medium medium, uint64_t hash) = 0;

@@ -31,7 +31,7 @@ BlockPool::BlockPool(PageStore* pages, std::unique_ptr<PageStore> host, Backend*
       cached_by_format_(pages->num_formats(), 0) {
   if (events_ != nullptr) {
     event_tokens_.resize(size_t{blocks_.capacity()} * pages->options().geometry.block_tokens);
-    event_parents_.resize(blocks_.capacity());
+    event_origins_.resize(blocks_.capacity());
   }
 }
 
@@ -197,7 +197,7 @@ void BlockPool::Unpin(uint32_t block) {
   }
 }
 
-bool BlockPool::Publish(uint32_t block, uint64_t hash, uint64_t parent_hash,
+bool BlockPool::Publish(uint32_t block, uint64_t hash, uint64_t parent_hash, uint64_t extra_key,
                         absl::Span<const int32_t> tokens) {
   const uint32_t parent = parent_hash == kRootParentHash ? kNone : index_.Find(parent_hash);
   // Children of offloaded blocks are offloaded too (a prefix hit brings a chain back from its
@@ -215,7 +215,7 @@ bool BlockPool::Publish(uint32_t block, uint64_t hash, uint64_t parent_hash,
   }
   if (events_ != nullptr) {
     std::copy(tokens.begin(), tokens.end(), event_tokens_.begin() + block * tokens.size());
-    event_parents_[block] = parent_hash;
+    event_origins_[block] = {parent_hash, extra_key};
     EmitStored(block, Medium::kDevice);
   }
   return true;
@@ -225,7 +225,8 @@ void BlockPool::EmitStored(uint32_t block, Medium medium) {
   if (events_ == nullptr) return;
   const BlockMeta& m = blocks_[block];
   const size_t n = static_cast<size_t>(pages_->options().geometry.block_tokens);
-  events_->Stored(medium, m.hash, event_parents_[block],
+  const EventOrigin& origin = event_origins_[block];
+  events_->Stored(medium, m.hash, origin.parent_hash, origin.extra_key,
                   absl::MakeConstSpan(event_tokens_).subspan(block * n, n));
   if (m.format != 0) events_->FormatChanged(medium, m.hash, m.format);
 }

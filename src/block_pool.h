@@ -79,9 +79,10 @@ class BlockPool {
   // The indexed block whose prefix hash is `hash`, or kNone.
   uint32_t Find(uint64_t hash) const { return index_.Find(hash); }
   // Indexes the full block `block`, whose token ids are `tokens`, under `hash`, child of the
-  // block indexed under `parent_hash` (kRootParentHash for the first block). False, with
-  // nothing changed, when equal content is already indexed: the block stays private.
-  bool Publish(uint32_t block, uint64_t hash, uint64_t parent_hash,
+  // block indexed under `parent_hash` (kRootParentHash for the first block); `extra_key` is
+  // its sequence's (part of `hash`, kept for the events). False, with nothing changed, when
+  // equal content is already indexed: the block stays private.
+  bool Publish(uint32_t block, uint64_t hash, uint64_t parent_hash, uint64_t extra_key,
                absl::Span<const int32_t> tokens);
 
   // Points `block` at `page` of the colder `format` and retires its old page.
@@ -178,7 +179,12 @@ class BlockPool {
   std::vector<PendingOffload> offloads_;  // in order of offload; empty outside EnsureFreePages
   // With events: each indexed block's tokens ([block * block_tokens]) and parent identity.
   std::vector<int32_t> event_tokens_;
-  std::vector<uint64_t> event_parents_;
+  // Per block, with events on: the parent hash and extra key its Stored events carry.
+  struct EventOrigin {
+    uint64_t parent_hash = 0;
+    uint64_t extra_key = 0;
+  };
+  std::vector<EventOrigin> event_origins_;
 };
 
 }  // namespace kvtier

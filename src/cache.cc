@@ -1,11 +1,13 @@
 #include "kvtier/cache.h"
 
+#include <memory>
 #include <new>
 
 #include "absl/strings/str_cat.h"
 #include "src/backend.h"
 #include "src/cache_impl.h"
 #if KVTIER_WITH_EVENTS
+#include "src/events/vllm_hashing_sink.h"
 #include "src/events/zmq_publisher.h"
 #endif
 #include "src/status_macros.h"
@@ -69,6 +71,10 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(const Options& options) {
   if (!options.kv_events_endpoint.empty()) {
 #if KVTIER_WITH_EVENTS
     KVTIER_ASSIGN_OR_RETURN(events, MakeZmqEventPublisher(options));
+    if (!options.kv_events_vllm_hash_seed.empty()) {
+      events = std::make_unique<VllmHashingSink>(std::move(events),
+                                                 options.kv_events_vllm_hash_seed);
+    }
 #else
     return absl::UnimplementedError(
         "Options.kv_events_endpoint: this build of kvtier has no KV events (KVTIER_WITH_EVENTS)");

@@ -93,7 +93,7 @@ void CacheImpl::Attach(Sequence& seq, uint32_t block) {
 
 void CacheImpl::IndexFullTail(Sequence& seq) {
   const uint64_t hash = HashBlock(seq.chain_hash, seq.tail_tokens, seq.extra_key);
-  if (pool_.Publish(seq.blocks.back(), hash, seq.chain_hash, seq.tail_tokens) &&
+  if (pool_.Publish(seq.blocks.back(), hash, seq.chain_hash, seq.extra_key, seq.tail_tokens) &&
       remote_ != nullptr) {
     QueueRemoteWrite(seq.blocks.back(), hash);
   }

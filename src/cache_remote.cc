@@ -147,7 +147,7 @@ bool CacheImpl::ImportBlock(Sequence& seq, uint64_t hash, const DecodedBlock& bl
   m.num_tokens = static_cast<uint16_t>(options_.geometry.block_tokens);
   m.coldest_format = static_cast<uint8_t>(seq.coldest_format);
   // Cannot fail: nothing is indexed under `hash`, and the parent is in use by `seq`.
-  pool_.Publish(b, hash, seq.chain_hash, tokens);
+  pool_.Publish(b, hash, seq.chain_hash, seq.extra_key, tokens);
   Attach(seq, b);
   seq.chain_hash = hash;
   remote_->Count(RemoteTier::kBytesRead,

@@ -117,6 +117,9 @@ absl::Status CheckEvents(const Options& o) {
   if (o.kv_events_endpoint.empty() && !o.kv_events_replay_endpoint.empty()) {
     return Invalid("kv_events_replay_endpoint", "is set but kv_events_endpoint is empty");
   }
+  if (o.kv_events_endpoint.empty() && !o.kv_events_vllm_hash_seed.empty()) {
+    return Invalid("kv_events_vllm_hash_seed", "is set but kv_events_endpoint is empty");
+  }
   constexpr int64_t kMaxBatches = int64_t{1} << 20;
   KVTIER_RETURN_IF_ERROR(
       CheckRange("kv_events_replay_batches", o.kv_events_replay_batches, 1, kMaxBatches));

@@ -35,7 +35,8 @@ struct Event {
 class CapturingSink : public BlockEventSink {
  public:
   explicit CapturingSink(std::shared_ptr<std::vector<Event>> log) : log_(std::move(log)) {}
-  void Stored(Medium m, uint64_t hash, uint64_t parent, absl::Span<const int32_t> t) override {
+  void Stored(Medium m, uint64_t hash, uint64_t parent, uint64_t /*extra_key*/,
+              absl::Span<const int32_t> t) override {
     log_->push_back({Kind::kStored, m, hash, parent, {t.begin(), t.end()}, 0});
   }
   void Removed(Medium m, uint64_t hash) override {

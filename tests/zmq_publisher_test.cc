@@ -65,6 +65,11 @@ TEST(ZmqPublisherTest, RefusedEndpointsAreInvalidArgumentsNamingThem) {
   EXPECT_NE(cache.status().message().find("kv_events_replay_endpoint"), std::string::npos);
   o.kv_events_endpoint.clear();  // replay without events
   EXPECT_TRUE(absl::IsInvalidArgument(Cache::Create(o).status()));
+  o.kv_events_replay_endpoint.clear();  // vLLM's hashes without events
+  o.kv_events_vllm_hash_seed = "0";
+  cache = Cache::Create(o);
+  ASSERT_TRUE(absl::IsInvalidArgument(cache.status())) << cache.status();
+  EXPECT_NE(cache.status().message().find("kv_events_vllm_hash_seed"), std::string::npos);
   o = testing::SmallOptions();
   o.kv_events_endpoint = Ipc("refused");
   o.kv_events_queue_batches = 0;

@@ -101,7 +101,8 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
                                    int64_t host_tier_bytes, int32_t host_tier_format,
                                    std::string kv_events_endpoint,
                                    std::string kv_events_replay_endpoint,
-                                   std::string kv_events_topic, bool kv_events_format_changes) {
+                                   std::string kv_events_topic, bool kv_events_format_changes,
+                                   std::string kv_events_vllm_hash_seed) {
   Options o;
   o.host_tier_bytes = static_cast<size_t>(std::max<int64_t>(host_tier_bytes, 0));
   o.host_tier_format = host_tier_format;
@@ -109,6 +110,7 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
   o.kv_events_replay_endpoint = std::move(kv_events_replay_endpoint);
   o.kv_events_topic = std::move(kv_events_topic);
   o.kv_events_format_changes = kv_events_format_changes;
+  o.kv_events_vllm_hash_seed = std::move(kv_events_vllm_hash_seed);
   o.geometry = Geometry{num_layers, num_kv_heads, head_dim, block_tokens};
   o.memory_budget_bytes = static_cast<size_t>(budget_bytes);
   o.slab_bytes = static_cast<size_t>(slab_bytes);
@@ -144,6 +146,7 @@ void BindShape(CacheClass& cache) {
            "backend"_a = "cpu", "host_tier_bytes"_a = 0, "host_tier_format"_a = -1,
            "kv_events_endpoint"_a = "", "kv_events_replay_endpoint"_a = "",
            "kv_events_topic"_a = "", "kv_events_format_changes"_a = false,
+           "kv_events_vllm_hash_seed"_a = "",
            "Creates a cache. `palette`: format names, hottest first (default: the policy's "
            "palette, else ['fp16']); `policy`: a preset name or a JSON file path; "
            "`host_tier_bytes`: host memory below the device pools for offloaded blocks "

@@ -122,6 +122,12 @@ struct Options {
   // strict decoder of vLLM's schema rejects a batch with an unknown tag: turn on only for
   // subscribers that skip unknown events. Default: false.
   bool kv_events_format_changes = false;
+  // Name blocks in the events by vLLM's hashes instead of kvtier's: the sha256_cbor chain of a
+  // vLLM instance started with PYTHONHASHSEED set to this value, each hash as the uint64 vLLM
+  // publishes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (docs/events.md, "Block hashes"). For
+  // routers that hash token blocks as vLLM does. REQUIRES: empty unless kv_events_endpoint is
+  // set. Default: empty (kvtier's own hashes).
+  std::string kv_events_vllm_hash_seed;
 };
 
 // OK when `options` describes a cache that can be created; otherwise InvalidArgument naming

@@ -103,8 +103,9 @@ ZmqEventPublisher::~ZmqEventPublisher() {
   thread_.join();
 }
 
+// vLLM's BlockStored has no extra keys (they are inside its hash): `extra_key` is not sent.
 void ZmqEventPublisher::Stored(Medium medium, uint64_t hash, uint64_t parent_hash,
-                               absl::Span<const int32_t> tokens) {
+                               uint64_t /*extra_key*/, absl::Span<const int32_t> tokens) {
   pending_.Stored(medium, hash, parent_hash, tokens);
 }
 

@@ -45,7 +45,7 @@ class ZmqEventPublisher final : public BlockEventSink {
   // (giving a slow subscriber up to a second for the last messages).
   ~ZmqEventPublisher() override;
 
-  void Stored(Medium medium, uint64_t hash, uint64_t parent_hash,
+  void Stored(Medium medium, uint64_t hash, uint64_t parent_hash, uint64_t extra_key,
               absl::Span<const int32_t> tokens) override;
   void Removed(Medium medium, uint64_t hash) override;
   void FormatChanged(Medium medium, uint64_t hash, int format) override;

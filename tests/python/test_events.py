@@ -162,3 +162,59 @@ def test_subscriber_rebuilds_every_tier_of_a_randomized_run():
 def test_a_refused_endpoint_is_a_value_error():
     with pytest.raises(ValueError, match="kv_events_endpoint"):
         kvtier.Cache(kv_events_endpoint="nonsense://x")
+
+
+def test_vllm_hash_seed_names_blocks_as_vllm_would():
+    # A router that hashes token blocks as vLLM does (sha256_cbor, PYTHONHASHSEED=0, int block
+    # hashes) recomputes every BlockStored hash from the event's tokens and its parent's digest.
+    if os.environ.get("KVTIER_PYTHON_REQUIRED") == "1":
+        import cbor2
+    else:
+        cbor2 = pytest.importorskip("cbor2")
+    import hashlib
+
+    def sha256_cbor(x):
+        return hashlib.sha256(cbor2.dumps(x, canonical=True)).digest()
+
+    def as_int(digest):
+        return int.from_bytes(digest, "big") & ((1 << 64) - 1)
+
+    tmp = tempfile.mkdtemp(prefix="kvtier-events-")
+    endpoint = f"ipc://{tmp}/pub"
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    cache = kvtier.Cache(num_layers=2, num_kv_heads=2, head_dim=64, block_tokens=S,
+                         budget_bytes=8 << 20, palette=["fp16", "fp8_e4m3/block_head"],
+                         host_tier_bytes=4 << 20, kv_events_endpoint=endpoint,
+                         kv_events_vllm_hash_seed="0")
+    sub.connect(endpoint)
+    time.sleep(0.2)
+    rng = random.Random(7)
+    prompts = [[p * 1000 + i for i in range(rng.randint(16, 160))] for p in range(48)]
+    random_run(cache, rng, prompts, steps=200)
+    deadline = time.time() + 10
+    while cache.stats()["events"]["queued_batches"]:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    digests = {}  # event hash -> full digest, as the router learns them
+    stored = 0
+    while sub.poll(300):
+        _, _, payload = sub.recv_multipart()
+        for event in msgpack.unpackb(payload, raw=False)[1]:
+            if event[0] == "BlockRemoved":  # names a block stored before, by its vLLM hash
+                assert all(h in digests for h in event[1])
+            if event[0] != "BlockStored":
+                continue
+            _, hashes, parent, tokens, block_size, _, _ = event
+            digest = sha256_cbor("0") if parent is None else digests[parent]
+            for i, h in enumerate(hashes):
+                digest = sha256_cbor((digest, tuple(tokens[i * S:(i + 1) * S]), None))
+                assert as_int(digest) == h
+                digests[h] = digest
+                stored += 1
+    assert stored > 50 and cache.stats()["host"]["offloaded_blocks"] > 0
+    del cache
+    sub.close()
+    context.term()
