@@ -82,6 +82,17 @@ py::dict StatsDict(const CacheStats& s) {
       "evicted_blocks"_a = h.evicted_blocks, "offload_failures"_a = h.offload_failures,
       "onload_failures"_a = h.onload_failures, "hit_tokens"_a = h.hit_tokens,
       "bytes_offloaded"_a = h.bytes_offloaded, "bytes_onloaded"_a = h.bytes_onloaded);
+  const RemoteTierStats& r = s.remote;
+  d["remote"] = py::dict(
+      "enabled"_a = r.enabled, "connected"_a = r.connected, "hit_blocks"_a = r.hit_blocks,
+      "hit_tokens"_a = r.hit_tokens, "missed_blocks"_a = r.missed_blocks,
+      "written_blocks"_a = r.written_blocks, "bytes_read"_a = r.bytes_read,
+      "bytes_written"_a = r.bytes_written, "queued_blocks"_a = r.queued_blocks,
+      "unavailable"_a = r.unavailable, "timeouts"_a = r.timeouts,
+      "corrupt_values"_a = r.corrupt_values, "mismatched_values"_a = r.mismatched_values,
+      "server_errors"_a = r.server_errors, "dropped_writes"_a = r.dropped_writes,
+      "import_failures"_a = r.import_failures, "reconnects"_a = r.reconnects,
+      "lookup_seconds"_a = HistogramDict(r.lookup_seconds));
   const EventStats& e = s.events;
   d["events"] = py::dict("published_batches"_a = e.published_batches,
                          "published_events"_a = e.published_events,
@@ -102,7 +113,9 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
                                    std::string kv_events_endpoint,
                                    std::string kv_events_replay_endpoint,
                                    std::string kv_events_topic, bool kv_events_format_changes,
-                                   std::string kv_events_vllm_hash_seed) {
+                                   std::string kv_events_vllm_hash_seed,
+                                   std::string remote_tier_url, std::string remote_model_id,
+                                   int32_t remote_timeout_ms) {
   Options o;
   o.host_tier_bytes = static_cast<size_t>(std::max<int64_t>(host_tier_bytes, 0));
   o.host_tier_format = host_tier_format;
@@ -111,6 +124,9 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
   o.kv_events_topic = std::move(kv_events_topic);
   o.kv_events_format_changes = kv_events_format_changes;
   o.kv_events_vllm_hash_seed = std::move(kv_events_vllm_hash_seed);
+  o.remote_tier_url = std::move(remote_tier_url);
+  o.remote_model_id = std::move(remote_model_id);
+  o.remote_timeout_ms = remote_timeout_ms;
   o.geometry = Geometry{num_layers, num_kv_heads, head_dim, block_tokens};
   o.memory_budget_bytes = static_cast<size_t>(budget_bytes);
   o.slab_bytes = static_cast<size_t>(slab_bytes);
@@ -146,13 +162,15 @@ void BindShape(CacheClass& cache) {
            "backend"_a = "cpu", "host_tier_bytes"_a = 0, "host_tier_format"_a = -1,
            "kv_events_endpoint"_a = "", "kv_events_replay_endpoint"_a = "",
            "kv_events_topic"_a = "", "kv_events_format_changes"_a = false,
-           "kv_events_vllm_hash_seed"_a = "",
+           "kv_events_vllm_hash_seed"_a = "", "remote_tier_url"_a = "", "remote_model_id"_a = "",
+           "remote_timeout_ms"_a = 20,
            "Creates a cache. `palette`: format names, hottest first (default: the policy's "
            "palette, else ['fp16']); `policy`: a preset name or a JSON file path; "
            "`host_tier_bytes`: host memory below the device pools for offloaded blocks "
            "(docs/tiers.md; 0: none), `host_tier_format`: the palette index they are stored in "
            "(-1: their own); `kv_events_*`: KV events for routers, as the Options fields of the "
-           "same names (docs/events.md).")
+           "same names (docs/events.md); `remote_*`: the Redis remote tier, as the Options "
+           "fields of the same names (docs/tiers.md).")
       .def_property_readonly("num_layers", [](const PyCache& c) { return c.geometry().num_layers; })
       .def_property_readonly("num_kv_heads",
                              [](const PyCache& c) { return c.geometry().num_kv_heads; })

@@ -33,14 +33,15 @@ void BindId(py::module_& m, const std::string& name) {
       });
 }
 
-// Cache.add_sequence's result: unpacks as (id, cached_tokens); host_tokens and ready_fence
-// say what a prefix hit brought back from the host tier (docs/tiers.md).
+// Cache.add_sequence's result: unpacks as (id, cached_tokens); host_tokens, remote_tokens and
+// ready_fence say what a prefix hit brought back from the host and remote tiers (docs/tiers.md).
 void BindAddResult(py::module_& m) {
   auto pair = [](const AddResult& r) { return py::make_tuple(r.id, r.cached_tokens); };
   py::class_<AddResult>(m, "AddResult")
       .def_readonly("id", &AddResult::id)
       .def_readonly("cached_tokens", &AddResult::cached_tokens)
       .def_readonly("host_tokens", &AddResult::host_tokens)
+      .def_readonly("remote_tokens", &AddResult::remote_tokens)
       .def_readonly("ready_fence", &AddResult::ready_fence)
       .def("__len__", [](const AddResult&) { return 2; })
       .def("__iter__", [pair](const AddResult& r) { return py::iter(pair(r)); })
@@ -53,7 +54,9 @@ void BindAddResult(py::module_& m) {
         return "AddResult(id=" + std::to_string(r.id.index) + "/" +
                std::to_string(r.id.generation) + ", cached_tokens=" +
                std::to_string(r.cached_tokens) + ", host_tokens=" +
-               std::to_string(r.host_tokens) + ", ready_fence=" + std::to_string(r.ready_fence) + ")";
+               std::to_string(r.host_tokens) + ", remote_tokens=" +
+               std::to_string(r.remote_tokens) + ", ready_fence=" + std::to_string(r.ready_fence) +
+               ")";
       });
 }
 

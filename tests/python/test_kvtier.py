@@ -415,3 +415,61 @@ def test_docs_cpp_snippets_are_compiled_by_the_tests():
     assert blocks, "docs/adapters.md has no C++ snippets"
     for block in blocks:
         assert "\n".join(stripped_lines(block)) in joined, block
+
+
+def test_remote_tier_shares_a_prefix_between_two_caches():
+    import shutil
+    import socket
+    import subprocess
+    import time
+    if shutil.which("redis-server") is None:
+        if os.environ.get("KVTIER_PYTHON_REQUIRED") == "1":
+            raise AssertionError("redis-server is not installed (scripts/setup.sh installs it)")
+        pytest.skip("redis-server is not installed")
+    with socket.socket() as s:  # a free loopback port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 10
+        while True:  # until the server answers
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.time() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+
+        def make(url=f"redis://127.0.0.1:{port}"):
+            return kvtier.Cache(num_layers=2, num_kv_heads=H, head_dim=D, block_tokens=S,
+                                budget_bytes=16 << 20, remote_tier_url=url,
+                                remote_model_id="test-model", remote_timeout_ms=500)
+        writer, reader = make(), make()
+        prompt = np.arange(40, dtype=np.int32)
+        seq, _ = writer.add_sequence()
+        slots = writer.append_tokens(seq, prompt)
+        k = np.random.default_rng(5).normal(size=(40, H, D)).astype(np.float16)
+        for layer in range(2):
+            writer.write_kv(layer, slots, k, -k)
+        writer.end_step()  # the two full blocks are written to Redis by the cache's thread
+        deadline = time.time() + 10
+        while writer.stats()["remote"]["written_blocks"] < 2:
+            assert time.time() < deadline, writer.stats()["remote"]
+            time.sleep(0.01)
+        hit = reader.add_sequence(prompt=prompt)
+        assert hit.cached_tokens == 32 and hit.remote_tokens == 32
+        assert "remote_tokens=32" in repr(hit)
+        assert reader.fence_passed(hit.ready_fence)
+        rk, rv = reader.read_kv(hit.id, 1)
+        np.testing.assert_array_equal(rk, k[:32].astype(np.float32))
+        np.testing.assert_array_equal(rv, -k[:32].astype(np.float32))
+        remote = reader.stats()["remote"]
+        assert remote["enabled"] and remote["hit_blocks"] == 2 and remote["hit_tokens"] == 32
+        assert remote["lookup_seconds"]["count"] >= 1
+        reader.check_consistency()
+    finally:
+        server.terminate()
+        server.wait()
+    with pytest.raises(ValueError, match="remote_model_id"):
+        kvtier.Cache(num_kv_heads=H, head_dim=D, remote_tier_url=f"redis://127.0.0.1:{port}")
