@@ -21,6 +21,7 @@ absl::StatusOr<PoolAndFormat> GetPoolAndFormat(AdapterTarget target, const Cache
   PoolAndFormat p;
   KVTIER_ASSIGN_OR_RETURN(p.pool, cache.GetPool(format, layer));
   const Options& o = cache.options();
+  KVTIER_RETURN_IF_ERROR(CheckKeysUnrotated(target, o));
   p.format = o.palette[format];
   KVTIER_RETURN_IF_ERROR(CheckReadable(target, p.format, o.geometry));
   p.geometry = o.geometry;
@@ -41,6 +42,7 @@ TensorView MakeView(const PoolAndFormat& p, int64_t byte_offset, ViewDType dtype
 
 absl::StatusOr<std::vector<FormatPart>> ReadableParts(AdapterTarget target, const Options& options,
                                                       const PageTables& tables) {
+  KVTIER_RETURN_IF_ERROR(CheckKeysUnrotated(target, options));
   KVTIER_ASSIGN_OR_RETURN(std::vector<FormatPart> parts, PartitionByFormat(options, tables));
   for (const FormatPart& part : parts) {
     KVTIER_RETURN_IF_ERROR(

@@ -85,6 +85,7 @@ absl::StatusOr<std::vector<int64_t>> VllmSlotMapping(const Cache& cache,
                                                      absl::Span<const int64_t> slots,
                                                      int64_t padded_size) {
   const Options& o = cache.options();
+  KVTIER_RETURN_IF_ERROR(CheckKeysUnrotated(AdapterTarget::kVllm, o));
   KVTIER_RETURN_IF_ERROR(CheckReadable(AdapterTarget::kVllm, o.palette[0], o.geometry));
   KVTIER_ASSIGN_OR_RETURN(const PoolInfo pool, cache.GetPool(0, 0));
   const int64_t limit = pool.capacity_pages * o.geometry.block_tokens;

@@ -112,7 +112,16 @@ absl::Status CheckReadable(AdapterTarget target, const FormatSpec& format,
   return absl::OkStatus();
 }
 
+absl::Status CheckKeysUnrotated(AdapterTarget target, const Options& options) {
+  if (options.key_rotation == KeyRotation::kNone) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      AdapterTargetName(target), " cannot attend this cache: its keys are stored rotated "
+      "(Options::key_rotation = kHadamard) and the external kernel does not rotate queries; "
+      "use kvtier's DecodeAttention, or a cache with key_rotation = kNone"));
+}
+
 absl::Status CheckPaletteReadable(AdapterTarget target, const Options& options) {
+  KVTIER_RETURN_IF_ERROR(CheckKeysUnrotated(target, options));
   for (const FormatSpec& f : options.palette) {
     KVTIER_RETURN_IF_ERROR(CheckReadable(target, f, options.geometry));
   }

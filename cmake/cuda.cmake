@@ -42,6 +42,7 @@ target_sources(kvtier PRIVATE
   kernels/copy_pages.cu
   kernels/migrate.cu
   kernels/read_page.cu
+  kernels/rotate.cu
   kernels/self_check.cu
   src/cuda/cuda_backend.cc
   src/cuda/cuda_data_plane.cc

@@ -5,7 +5,8 @@
 // FP16 pool, BF16 into BF16) the encode is the identity except that a NaN becomes the
 // canonical 0x7FFF, so the kernel is a scattered copy: a thread moves 16 bytes of a
 // (token, head) row per step, a block walks rows. Other token-wise codecs take a thread per
-// (token, head) row and the codec functions (tile_io.cuh's EncodeRowChunked).
+// (token, head) row and the codec functions (tile_io.cuh's EncodeRowChunked), as do rotated
+// keys, which come as FP32 rows from LaunchRotateRows.
 #include <cstdint>
 
 #include "kernels/data_plane.cuh"
@@ -47,7 +48,8 @@ __global__ void WriteRowsKernel(const __grid_constant__ WriteRowsParams p) {
   const ElementType in_type = p.bf16 ? ElementType::kBf16 : ElementType::kFp16;
   const uint32_t exp_mask = p.bf16 ? 0x7F80u : 0x7C00u;
   unsigned nonfinite = 0;
-  if (c.type == in_type) {
+  const float* rotated = side == 0 ? p.k_rotated : nullptr;
+  if (c.type == in_type && rotated == nullptr) {
     // Copy: chunk = 8 elements (16 bytes) of one (token, head) row.
     const int per_head = l.head_dim / 8;
     const int per_row = l.heads * per_head;
@@ -104,7 +106,8 @@ __global__ void WriteRowsKernel(const __grid_constant__ WriteRowsParams p) {
       EncodeRowChunked(l, c, page, head, static_cast<int>(s.token), tensor_scale,
                        [&](int d0, float* v) {
                          for (int i = 0; i < 16; ++i) {
-                           v[i] = Decode16<false>(in_type, x[d0 + i]);
+                           v[i] = rotated != nullptr ? rotated[r * l.head_dim + d0 + i]
+                                                     : Decode16<false>(in_type, x[d0 + i]);
                          }
                        });
     }

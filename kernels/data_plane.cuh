@@ -35,12 +35,33 @@ struct WriteRowsParams {
   const void* k = nullptr;  // device [num_rows, heads, head_dim] of FP16 or BF16
   const void* v = nullptr;
   bool bf16 = false;
+  // Rotated keys (Options::key_rotation): device [num_rows, heads, head_dim] FP32, R_h k of
+  // each K row (LaunchRotateRows), encoded in place of k; null when keys are not rotated. k is
+  // still read to count non-finite inputs.
+  const float* k_rotated = nullptr;
   unsigned long long* nonfinite = nullptr;  // device counter, incremented by NaN/Inf inputs
   int num_sms = 0;  // multiprocessors of the device (0: ask the runtime)
 };
 
 // Encodes rows as page_codec.h's EncodeRow does (the hot format is token-wise).
 cudaError_t LaunchWriteRows(const WriteRowsParams& p, cudaStream_t stream);
+
+// Rows rotated by the key rotation R_h (kernels/codec/hadamard.h), bit-identical to
+// codec::RotateKey: out[r] = R_h in[r] with h = (r % heads) / group, so that keys
+// [tokens, kv_heads, d] take heads = kv_heads, group = 1 and queries [batch, q_heads, d] take
+// heads = q_heads, group = q_heads / kv_heads. REQUIRES: head_dim a power of two, at most 1024.
+enum class RotateInput : int32_t { kFp16, kBf16, kFp32 };
+struct RotateRowsParams {
+  const void* in = nullptr;  // device [num_rows, head_dim] of in_type
+  RotateInput in_type = RotateInput::kFp16;
+  float* out = nullptr;  // device [num_rows, head_dim]
+  int64_t num_rows = 0;
+  int32_t head_dim = 0;
+  int32_t heads = 1;
+  int32_t group = 1;
+  uint64_t seed = 0;
+};
+cudaError_t LaunchRotateRows(const RotateRowsParams& p, cudaStream_t stream);
 
 // One layer's pools in a Requantize call; layouts are the same in every layer.
 struct LayerPools {

@@ -26,6 +26,11 @@ struct PoolView {
   PageLayout layout{};
   float k_tensor_scale = 1.f;  // for ScaleScope::kTensor codecs
   float v_tensor_scale = 1.f;
+  // Options::key_rotation: when set, WriteRows stores R_h k for each K row of head h
+  // (kernels/codec/hadamard.h) instead of k. Read by WriteRows only; every other call moves
+  // the rotated data as it is.
+  bool rotate_keys = false;
+  uint64_t key_rotation_seed = 0;
 };
 
 class Backend {

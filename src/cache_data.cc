@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/codec/hadamard.h"
 #include "kernels/codec/half.h"
 #include "kernels/page_codec.h"
 #include "src/cache_impl.h"
@@ -14,6 +15,12 @@ namespace {
 
 // Tokens one K/V input may hold: bounds num_tokens x heads x head_dim far below int64's range.
 constexpr int64_t kMaxInputTokens = int64_t{1} << 40;
+
+// Element i of an FP16 or BF16 input (checked by CheckInput).
+float InputValue(const KVInput& kv, const void* data, int64_t i) {
+  const uint16_t bits = static_cast<const uint16_t*>(data)[i];
+  return kv.dtype == DType::kFloat16 ? codec::HalfToFloat(bits) : codec::Bf16ToFloat(bits);
+}
 
 }  // namespace
 
@@ -96,7 +103,10 @@ absl::Status CacheImpl::WriteKV(int32_t layer, absl::Span<const int64_t> slots, 
   MutexLock lock(&mu_);
   KVTIER_RETURN_IF_ERROR(CheckSlots(layer, slots, kv));
   if (slots.empty()) return absl::OkStatus();
-  return backend_->WriteRows(pages_->View(0, layer), slots, kv, &metrics_.nonfinite_values);
+  PoolView hot = pages_->View(0, layer);
+  hot.rotate_keys = options_.key_rotation == KeyRotation::kHadamard;
+  hot.key_rotation_seed = options_.key_rotation_seed;
+  return backend_->WriteRows(hot, slots, kv, &metrics_.nonfinite_values);
 }
 
 absl::Status CacheImpl::ReadKV(SequenceId id, int32_t layer, absl::Span<float> k,
@@ -117,6 +127,12 @@ absl::Status CacheImpl::ReadKV(SequenceId id, int32_t layer, absl::Span<float> k
     const size_t at = i * g.block_tokens * row;
     KVTIER_RETURN_IF_ERROR(
         backend_->ReadPage(pages_->View(b.format, layer), b.page, b.num_tokens, k.data() + at, v.data() + at));
+  }
+  if (options_.key_rotation == KeyRotation::kHadamard) {  // stored R_h k: return k
+    for (size_t r = 0; r < k.size() / g.head_dim; ++r) {
+      codec::UnrotateKey(k.data() + r * g.head_dim, g.head_dim, options_.key_rotation_seed,
+                         static_cast<int>(r % g.num_kv_heads));
+    }
   }
   return absl::OkStatus();
 }
@@ -182,14 +198,20 @@ absl::Status CacheImpl::BuildPageTables(absl::Span<const SequenceId> batch,
 absl::Status CacheImpl::CalibrateTensorScales(int32_t layer, const KVInput& kv) {
   KVTIER_RETURN_IF_ERROR(CheckLayer(layer));
   KVTIER_RETURN_IF_ERROR(CheckInput(kv, kv.num_tokens));
-  const int64_t n = kv.num_tokens * kv.num_heads * kv.head_dim;
+  // The K maximum is that of what WriteKV stores: rotated keys when keys are rotated.
+  const bool rotate = options_.key_rotation == KeyRotation::kHadamard;
+  std::vector<float> row(kv.head_dim);
   float k_amax = 0, v_amax = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint16_t kb = static_cast<const uint16_t*>(kv.k)[i];
-    const uint16_t vb = static_cast<const uint16_t*>(kv.v)[i];
-    const bool half = kv.dtype == DType::kFloat16;
-    k_amax = std::max(k_amax, FiniteAbs(half ? codec::HalfToFloat(kb) : codec::Bf16ToFloat(kb)));
-    v_amax = std::max(v_amax, FiniteAbs(half ? codec::HalfToFloat(vb) : codec::Bf16ToFloat(vb)));
+  for (int64_t r = 0; r < kv.num_tokens * kv.num_heads; ++r) {
+    for (int d = 0; d < kv.head_dim; ++d) {
+      row[d] = InputValue(kv, kv.k, r * kv.head_dim + d);
+      v_amax = std::max(v_amax, FiniteAbs(InputValue(kv, kv.v, r * kv.head_dim + d)));
+    }
+    if (rotate) {
+      codec::RotateKey(row.data(), kv.head_dim, options_.key_rotation_seed,
+                       static_cast<int>(r % kv.num_heads));
+    }
+    for (int d = 0; d < kv.head_dim; ++d) k_amax = std::max(k_amax, FiniteAbs(row[d]));
   }
   MutexLock lock(&mu_);
   return pool_.SetTensorScales(layer, k_amax, v_amax);

@@ -172,6 +172,14 @@ absl::Status ValidateOptions(const Options& o) {
                    absl::StrCat(o.memory_budget_bytes, " holds no slab of ", o.slab_bytes,
                                 " bytes in each of ", g.num_layers, " layers"));
   }
+  if (o.key_rotation != KeyRotation::kNone && o.key_rotation != KeyRotation::kHadamard) {
+    return Invalid("key_rotation", absl::StrCat(static_cast<int>(o.key_rotation),
+                                                " is not a KeyRotation (kNone or kHadamard)"));
+  }
+  if (o.key_rotation == KeyRotation::kHadamard && (g.head_dim & (g.head_dim - 1)) != 0) {
+    return Invalid("key_rotation", absl::StrCat("kHadamard needs a power-of-two head_dim; "
+                                                "geometry.head_dim is ", g.head_dim));
+  }
   uint64_t densest = 0;
   KVTIER_RETURN_IF_ERROR(CheckPalette(o, &densest));
   KVTIER_RETURN_IF_ERROR(CheckBudget(o, densest));

@@ -89,13 +89,23 @@ std::vector<FormatSpec> PolicyPalette(const Policy& p) {
   return palette;
 }
 
-std::vector<std::string> PolicyPresetNames() { return {"fp16", "fp8", "balanced", "max_capacity"}; }
+std::vector<std::string> PolicyPresetNames() {
+  return {"fp16", "fp8", "balanced", "max_capacity", "balanced_rot"};
+}
+
+KeyRotation PresetKeyRotation(absl::string_view name) {
+  return name == "balanced_rot" ? KeyRotation::kHadamard : KeyRotation::kNone;
+}
 
 absl::StatusOr<Policy> PolicyPreset(absl::string_view name) {
   if (name == "fp16") return MakePreset("fp16", {{"fp16", -1}}, 0);
   if (name == "fp8") return MakePreset("fp8", {{"fp16", 16}, {"fp8_e4m3/block_head", -1}}, 4);
   if (name == "balanced") {
     return MakePreset("balanced", {{"fp16", 256}, {"fp8_e4m3/block_head", 2048}, {kNvfp4Kv, -1}}, 4);
+  }
+  if (name == "balanced_rot") {  // with Options::key_rotation = kHadamard
+    return MakePreset("balanced_rot",
+                      {{"fp16", 256}, {"fp8_e4m3/block_head", 2048}, {"nvfp4/block_head", -1}}, 4);
   }
   if (name == "max_capacity") return MakePreset("max_capacity", {{"fp16", 16}, {kNvfp4Kv, -1}}, 4);
   return absl::NotFoundError(absl::StrCat("no policy preset '", name, "' (",

@@ -84,6 +84,12 @@ uint64_t RemoteIdentity(const Options& options) {
   Put(&bytes, at + 12, static_cast<uint32_t>(g.head_dim), 4);
   Put(&bytes, at + 16, static_cast<uint32_t>(g.block_tokens), 4);
   bytes += options.remote_model_id;
+  if (options.key_rotation == KeyRotation::kHadamard) {  // rotated keys are other bytes
+    const size_t end = bytes.size();
+    bytes += std::string("\0key_rotation=hadamard:", 23);
+    bytes.resize(bytes.size() + 8);
+    Put(&bytes, end + 23, options.key_rotation_seed, 8);
+  }
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 

@@ -2,8 +2,9 @@
 //
 // Key:   "kvtier:" hex16(identity) ":" hex16(block hash), where identity is
 //        XXH3("kvtier-remote" || le32(codec version) || le32 geometry (layers, kv heads,
-//        head_dim, block_tokens) || model id), so that blocks of another model, geometry or
-//        codec version are never even looked up.
+//        head_dim, block_tokens) || model id [|| "\0key_rotation=hadamard:" || le64(seed)
+//        when keys are rotated]), so that blocks of another model, geometry, codec version or
+//        key rotation are never even looked up.
 // Value: an 80-byte little-endian header, then the block's page bytes of every layer in
 //        layer order (layers x page_bytes), exactly as they lie in a page of the format:
 //

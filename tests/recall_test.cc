@@ -185,8 +185,13 @@ TEST(RecallArmsTest, PolicyArmPlacesBlocksAsThePolicyDoes) {
   for (const Arm& a : standard) {
     if (a.name.rfind("policy:", 0) == 0) policies.push_back(a.name);
   }
-  EXPECT_EQ(policies, (std::vector<std::string>{"policy:fp8", "policy:balanced",
-                                                "policy:max_capacity"}));
+  EXPECT_EQ(policies, (std::vector<std::string>{
+                          "policy:fp8", "policy:balanced", "policy:max_capacity",
+                          "policy:balanced_rot", "policy:balanced+rot", "policy:max_capacity+rot"}));
+  for (const Arm& a : standard) {  // rotated: the "+rot" arms and the preset meant for it
+    const bool rotated = a.name.find("+rot") != std::string::npos || a.name == "policy:balanced_rot";
+    EXPECT_EQ(a.key_rotation, rotated ? KeyRotation::kHadamard : KeyRotation::kNone) << a.name;
+  }
 }
 
 TEST(RecallArmsTest, Fp16ArmReproducesTheReferenceBitForBit) {
@@ -219,7 +224,11 @@ TEST(RecallArmsTest, ColdArmsDemoteEveryFullBlockAndKeepTheTailHot) {
     ASSERT_TRUE(runner.ok()) << arm.name << ": " << runner.status();
     ArmRunner::Result r;
     ASSERT_TRUE((*runner)->Run(t, true, &r).ok()) << arm.name;
-    EXPECT_EQ(r.compute_rel_error, 0.0) << arm.name;  // CPU: paged == dense on the same pages
+    if (arm.key_rotation == KeyRotation::kNone) {
+      EXPECT_EQ(r.compute_rel_error, 0.0) << arm.name;  // CPU: paged == dense on the same pages
+    } else {
+      EXPECT_LT(r.compute_rel_error, 1e-5) << arm.name;  // ReadKV's un-rotation rounds in FP32
+    }
     ASSERT_EQ(r.block_formats.size(), 63u) << arm.name;   // 62 full blocks and the tail
     EXPECT_EQ(r.block_formats.back(), 0) << arm.name;     // the tail stays hot
     if (arm.name != "fp16") {
@@ -227,7 +236,7 @@ TEST(RecallArmsTest, ColdArmsDemoteEveryFullBlockAndKeepTheTailHot) {
     }
     if (arm.name == "fp16") {
       EXPECT_DOUBLE_EQ(r.bits_per_element, 16.0);
-    } else if (arm.name == "policy:balanced") {  // 1000 tokens: sinks and the last 256 hot, FP8
+    } else if (arm.name.rfind("policy:balanced", 0) == 0) {  // 1000 tokens: sinks and the last 256 hot, FP8
       EXPECT_GT(r.bits_per_element, 9.0);
       EXPECT_LT(r.bits_per_element, 12.0);
     } else {

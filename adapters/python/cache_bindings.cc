@@ -115,8 +115,19 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
                                    std::string kv_events_topic, bool kv_events_format_changes,
                                    std::string kv_events_vllm_hash_seed,
                                    std::string remote_tier_url, std::string remote_model_id,
-                                   int32_t remote_timeout_ms) {
+                                   int32_t remote_timeout_ms,
+                                   std::optional<std::string> key_rotation,
+                                   uint64_t key_rotation_seed) {
   Options o;
+  if (!key_rotation) {
+    o.key_rotation = policy ? PresetKeyRotation(*policy) : KeyRotation::kNone;
+  } else if (*key_rotation == "hadamard") {
+    o.key_rotation = KeyRotation::kHadamard;
+  } else if (*key_rotation != "none") {
+    throw py::value_error("key_rotation must be 'none' or 'hadamard', not '" + *key_rotation +
+                          "'");
+  }
+  o.key_rotation_seed = key_rotation_seed;
   o.host_tier_bytes = static_cast<size_t>(std::max<int64_t>(host_tier_bytes, 0));
   o.host_tier_format = host_tier_format;
   o.kv_events_endpoint = std::move(kv_events_endpoint);
@@ -164,19 +175,30 @@ void BindShape(CacheClass& cache) {
            "kv_events_topic"_a = "", "kv_events_format_changes"_a = false,
            "kv_events_vllm_hash_seed"_a = "", "remote_tier_url"_a = "", "remote_model_id"_a = "",
            "remote_timeout_ms"_a = 20,
+           "key_rotation"_a = py::none(), "key_rotation_seed"_a = Options{}.key_rotation_seed,
            "Creates a cache. `palette`: format names, hottest first (default: the policy's "
            "palette, else ['fp16']); `policy`: a preset name or a JSON file path; "
            "`host_tier_bytes`: host memory below the device pools for offloaded blocks "
            "(docs/tiers.md; 0: none), `host_tier_format`: the palette index they are stored in "
            "(-1: their own); `kv_events_*`: KV events for routers, as the Options fields of the "
            "same names (docs/events.md); `remote_*`: the Redis remote tier, as the Options "
-           "fields of the same names (docs/tiers.md).")
+           "fields of the same names (docs/tiers.md); `key_rotation`: 'none' or 'hadamard' (keys "
+           "stored rotated; decode attention rotates queries, read_kv un-rotates, the "
+           "external-kernel adapters refuse the cache; docs/formats.md; default: the one the "
+           "policy preset is meant for, 'hadamard' for 'balanced_rot', else 'none'), "
+           "`key_rotation_seed`: the seed of its signs.")
       .def_property_readonly("num_layers", [](const PyCache& c) { return c.geometry().num_layers; })
       .def_property_readonly("num_kv_heads",
                              [](const PyCache& c) { return c.geometry().num_kv_heads; })
       .def_property_readonly("head_dim", [](const PyCache& c) { return c.geometry().head_dim; })
       .def_property_readonly("block_tokens",
                              [](const PyCache& c) { return c.geometry().block_tokens; })
+      .def_property_readonly("key_rotation",
+                             [](const PyCache& c) {
+                               return c.cache->options().key_rotation == KeyRotation::kHadamard
+                                          ? "hadamard"
+                                          : "none";
+                             })
       .def_property_readonly("palette", [](const PyCache& c) {
         std::vector<std::string> names;
         for (const FormatSpec& f : c.cache->options().palette) names.push_back(FormatName(f));

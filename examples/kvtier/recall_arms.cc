@@ -60,6 +60,13 @@ Arm PolicyArm(const Policy& policy) {
   };
   arm.policy = policy;
   arm.policy->pressure_watermark = 0;
+  arm.key_rotation = PresetKeyRotation(policy.name);
+  return arm;
+}
+
+Arm RotatedArm(Arm arm) {
+  arm.name += "+rot";
+  arm.key_rotation = KeyRotation::kHadamard;
   return arm;
 }
 
@@ -77,6 +84,16 @@ std::vector<Arm> StandardArms() {
   for (const std::string& preset : PolicyPresetNames()) {
     if (preset != "fp16") arms.push_back(PolicyArm(*PolicyPreset(preset)));  // fp16: the first arm
   }
+  // Rotated keys (docs/formats.md), and split palettes: keys one tier above values.
+  const FormatSpec split = Format("k:fp8_e4m3/block_head,v:nvfp4/block_head");
+  arms.push_back(SingleFormatArm(split));
+  for (const char* name : {"nvfp4/block_head", "nvfp4/tensor", "fp8_e4m3/tensor",
+                           "k:nvfp4_channel/block_head,v:nvfp4/block_head"}) {
+    arms.push_back(RotatedArm(SingleFormatArm(Format(name))));
+  }
+  arms.push_back(RotatedArm(SingleFormatArm(split)));
+  arms.push_back(RotatedArm(PolicyArm(*PolicyPreset("balanced"))));
+  arms.push_back(RotatedArm(PolicyArm(*PolicyPreset("max_capacity"))));
   return arms;
 }
 
@@ -89,6 +106,7 @@ absl::StatusOr<std::unique_ptr<ArmRunner>> ArmRunner::Create(const Arm& arm, int
   Options o;
   o.geometry = Geometry{1, kv_heads, head_dim, 16};
   o.palette = arm.palette;
+  o.key_rotation = arm.key_rotation;
   if (arm.fixed_k_amax > 0 || arm.fixed_v_amax > 0) {
     o.k_tensor_amax = {arm.fixed_k_amax > 0 ? arm.fixed_k_amax : 1.f};
     o.v_tensor_amax = {arm.fixed_v_amax > 0 ? arm.fixed_v_amax : 1.f};

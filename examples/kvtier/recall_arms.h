@@ -46,6 +46,8 @@ struct Arm {
   // calls Cache::SetPolicy, and EndStep after each chunk it appends (a prefill in chunks), so
   // blocks land where the engine puts them (`format_of` then only describes the intent).
   std::optional<Policy> policy;
+  // The cache's Options::key_rotation: rotated arms ("...+rot") store R k and attend with R q.
+  KeyRotation key_rotation = KeyRotation::kNone;
 };
 
 // Every full block in `cold` (palette {fp16, cold}); the arm's name is the format's name.
@@ -57,8 +59,12 @@ Arm ChainArm(const std::string& name, const std::vector<FormatSpec>& formats);
 // A precision policy as a whole ("policy:<name>"), run by the cache's policy engine
 // (Arm::policy; memory pressure off, so windows keep their size). `format_of` states where the
 // engine puts each full block at query time: the tier its age (tokens from the block's last
-// token to the sequence's last token) falls in; sink blocks stay in the hot tier.
+// token to the sequence's last token) falls in; sink blocks stay in the hot tier. Keys are
+// rotated when the policy is a preset meant for it (PresetKeyRotation).
 Arm PolicyArm(const Policy& policy);
+
+// `arm` with rotated keys (Options::key_rotation = kHadamard), named arm.name + "+rot".
+Arm RotatedArm(Arm arm);
 
 // The arms of the default sweep, FP16 first.
 std::vector<Arm> StandardArms();
@@ -80,7 +86,8 @@ class ArmRunner {
     std::vector<int32_t> block_formats;  // palette index of each block at query time
     // When requested: relative L2 difference between the paged attention output and a dense
     // attention over the cache's own decoding (ReadKV) of the same pages. Zero on the CPU
-    // (both are the reference); the slot for a GPU kernel's compute error.
+    // (both are the reference; for rotated arms, the FP32 rounding of ReadKV's un-rotation);
+    // the slot for a GPU kernel's compute error.
     double compute_rel_error = -1;
   };
 

@@ -187,6 +187,7 @@ Options CacheOptions(const Policy& policy, const ReplayOptions& o) {
   options.memory_budget_bytes = static_cast<size_t>(o.budget_mib) << 20;
   options.host_tier_bytes = static_cast<size_t>(o.host_tier_mib) << 20;
   options.palette = PolicyPalette(policy);
+  options.key_rotation = PresetKeyRotation(policy.name);  // simulate moves no K/V: capacity only
   return options;
 }
 

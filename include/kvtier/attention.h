@@ -8,7 +8,9 @@
 //
 // Math: logits l_i = softmax_scale * (q . k_i); LSE = log(sum_i exp(l_i)) in natural log;
 // output = sum_i exp(l_i - LSE) v_i. GQA: query head h reads KV head
-// h / (num_q_heads / num_kv_heads). An empty sequence (length 0) returns a zero output and
+// h / (num_q_heads / num_kv_heads). A cache with rotated keys (Options::key_rotation) stores
+// R_h k, and both paths rotate each query by R_h of its KV head first (the same logits up to
+// rounding). An empty sequence (length 0) returns a zero output and
 // LSE = -inf. A head with a NaN or +inf logit (e.g. from a NaN or infinite query), or whose
 // logits are all -inf, gets NaN output and LSE on both backends. The CPU path accumulates in
 // double and decodes every page with the cache's own codecs, so it sees exactly what the cache

@@ -33,6 +33,19 @@ enum class BackendKind : uint8_t {
   kCuda,
 };
 
+// How keys are stored (docs/formats.md, "Rotated keys").
+enum class KeyRotation : uint8_t {
+  // Keys are stored as written.
+  kNone,
+  // Each KV head's keys are stored multiplied by a randomised Hadamard matrix
+  // R_h = H diag(s_h) / sqrt(head_dim) (random signs s_h from key_rotation_seed and the head),
+  // which spreads outlier channels over the whole head so that NVFP4's 16-value micro-blocks
+  // and FP8's per-head scales fit them. Orthogonal: attention rotates the query the same way
+  // and q . k is unchanged. ReadKV un-rotates. External kernels (adapters) do not rotate
+  // queries, so the adapters refuse such a cache.
+  kHadamard,
+};
+
 struct Options {
   Geometry geometry;
 
@@ -60,6 +73,14 @@ struct Options {
   // Cache::CalibrateTensorScales). REQUIRES: empty or num_layers finite positive values.
   std::vector<float> k_tensor_amax;
   std::vector<float> v_tensor_amax;
+
+  // Whether keys are rotated before they are encoded (see KeyRotation). Part of the identity
+  // of remote-tier blocks. REQUIRES: kHadamard only with a power-of-two head_dim.
+  // Default: kNone.
+  KeyRotation key_rotation = KeyRotation::kNone;
+  // Seeds the random signs of kHadamard; caches that exchange blocks (host or remote tier,
+  // another process) must use the same seed. Default: 0x6B76746965723031 ("kvtier01").
+  uint64_t key_rotation_seed = 0x6B76746965723031ull;
 
   // Bytes of host memory for the host tier, below the device pools (docs/tiers.md): a cached
   // block chosen for eviction is copied there instead of dropped, and a prefix hit on it brings

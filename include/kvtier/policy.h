@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "kvtier/export.h"
 #include "kvtier/format.h"
+#include "kvtier/options.h"
 
 namespace kvtier {
 
@@ -62,9 +63,16 @@ KVTIER_EXPORT absl::Status ValidatePolicy(const Policy& policy);
 // The formats of the tiers, hottest first: the palette a cache needs to run `policy`.
 KVTIER_EXPORT std::vector<FormatSpec> PolicyPalette(const Policy& policy);
 
-// Named presets: "fp16", "fp8", "balanced", "max_capacity". NotFound for another name.
+// Named presets: "fp16", "fp8", "balanced", "max_capacity", "balanced_rot". NotFound for
+// another name. "balanced_rot" is "balanced" with NVFP4 keys in micro-blocks along head_dim,
+// which hold recall only when keys are rotated: run it on a cache created with
+// Options::key_rotation = PresetKeyRotation("balanced_rot") (kHadamard). Key rotation is a
+// cache option, fixed at creation, so a policy (which SetPolicy may change) cannot carry it.
 KVTIER_EXPORT absl::StatusOr<Policy> PolicyPreset(absl::string_view name);
 KVTIER_EXPORT std::vector<std::string> PolicyPresetNames();
+// The key rotation a preset is meant for: kHadamard for "balanced_rot", kNone otherwise
+// (also for names that are no preset).
+KVTIER_EXPORT KeyRotation PresetKeyRotation(absl::string_view name);
 
 // Parses the JSON form above. InvalidArgument naming the field (e.g. "tiers[1].format").
 KVTIER_EXPORT absl::StatusOr<Policy> ParsePolicyJson(absl::string_view json);

@@ -1,7 +1,8 @@
 // The CPU reference decode attention over plain float K/V: the storage-error-free oracle an
 // engine can check its own kernel (or kvtier's, through Cache::ReadKV) against. Same math as
 // DecodeAttention on the CPU backend (kvtier/attention.h), sharing one implementation: given the
-// values a cache stores (ReadKV), it returns bit-identical outputs, LSE and logits.
+// values a cache stores (ReadKV), it returns bit-identical outputs, LSE and logits (for a cache
+// with Options::key_rotation, equal up to the FP32 rounding of ReadKV's un-rotation).
 //
 // Thread-safety: thread-compatible (no shared state).
 #ifndef KVTIER_REFERENCE_ATTENTION_H_

@@ -14,6 +14,8 @@ absl::StatusOr<PagedLayer> GetPagedLayer(const Cache& cache, int32_t layer) {
   kv.num_kv_heads = g.num_kv_heads;
   kv.head_dim = g.head_dim;
   kv.block_tokens = g.block_tokens;
+  kv.rotate_keys = options.key_rotation == KeyRotation::kHadamard;
+  kv.key_rotation_seed = options.key_rotation_seed;
   for (size_t f = 0; f < options.palette.size(); ++f) {
     absl::StatusOr<PoolInfo> pool = cache.GetPool(static_cast<int32_t>(f), layer);
     if (!pool.ok()) return pool.status();

@@ -35,6 +35,10 @@ struct PagedLayer {
   int32_t head_dim = 0;
   int32_t block_tokens = 0;
   std::vector<Format> formats;  // [palette size]
+  // Options::key_rotation: keys are stored as R_h k (kernels/codec/hadamard.h), so attention
+  // rotates each query by R_h of its KV head first.
+  bool rotate_keys = false;
+  uint64_t key_rotation_seed = 0;
 };
 
 // The pools of `layer` of `cache` (Cache::GetPool for every palette format, layouts from

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/codec/hadamard.h"
 #include "kernels/page_codec.h"
 
 namespace kvtier {
@@ -131,6 +132,19 @@ void AttendBatch(int64_t batch, int32_t num_kv_heads, int32_t head_dim, const De
   }
 }
 
+// The queries rotated by R_h of each query head's KV head h, as keys stored rotated need.
+// REQUIRES: spans checked (CheckDecodeSpans), head_dim a power of two.
+std::vector<float> RotatedQueries(const DecodeQueries& q, int32_t num_kv_heads, int32_t head_dim,
+                                  uint64_t seed) {
+  std::vector<float> out(q.q.begin(), q.q.end());
+  const int group = q.num_q_heads / num_kv_heads;
+  for (size_t r = 0; r < out.size() / head_dim; ++r) {
+    const int kv_head = static_cast<int>(r % q.num_q_heads) / group;
+    codec::RotateKey(out.data() + r * head_dim, head_dim, seed, kv_head);
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::Status PagedDecodeAttention(const PagedLayer& kv, const PageTables& tables,
@@ -139,7 +153,13 @@ absl::Status PagedDecodeAttention(const PagedLayer& kv, const PageTables& tables
   if (!s.ok()) return s;
   const int64_t batch = static_cast<int64_t>(tables.seq_lens.size());
   std::vector<int64_t> lengths(tables.seq_lens.begin(), tables.seq_lens.end());
-  AttendBatch(batch, kv.num_kv_heads, kv.head_dim, queries, outputs, lengths, [&](int64_t b) {
+  std::vector<float> rotated;
+  DecodeQueries q = queries;
+  if (kv.rotate_keys) {
+    rotated = RotatedQueries(queries, kv.num_kv_heads, kv.head_dim, kv.key_rotation_seed);
+    q.q = rotated;
+  }
+  AttendBatch(batch, kv.num_kv_heads, kv.head_dim, q, outputs, lengths, [&](int64_t b) {
     return PagedRows{&kv, tables.packed.data() + tables.packed_indptr[b]};
   });
   return absl::OkStatus();

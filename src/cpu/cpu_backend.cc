@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/codec/hadamard.h"
 #include "kernels/codec/half.h"
 #include "kernels/page_codec.h"
 #include "src/backend.h"
@@ -62,6 +63,9 @@ class CpuBackend final : public Backend {
           for (int d = 0; d < l.head_dim; ++d) {
             row_[d] = InputToFloat(kv.dtype, src, first + d);
             *nonfinite += std::isfinite(row_[d]) ? 0 : 1;
+          }
+          if (side == 0 && pool.rotate_keys) {
+            codec::RotateKey(row_.data(), l.head_dim, pool.key_rotation_seed, h);
           }
           EncodeRow(l, side == 0 ? l.k : l.v, page, h, token, row_.data(),
                     side == 0 ? pool.k_tensor_scale : pool.v_tensor_scale);

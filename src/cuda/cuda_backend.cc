@@ -165,6 +165,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(nonfinite_device_);
   cudaFree(device_staging_);
   cudaFree(scratch_);
+  cudaFree(rotated_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 

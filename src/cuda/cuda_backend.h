@@ -146,6 +146,8 @@ class CudaBackend final : public Backend {
   absl::StatusOr<void*> StageHost(size_t bytes);
   absl::StatusOr<void*> Upload(size_t bytes);
   absl::Status GrowDevice(void** buffer, size_t* capacity, size_t bytes);
+  // The K rows of `kv` rotated by R_h into rotated_ (grown as needed), on the stream.
+  absl::StatusOr<const float*> RotateKeys(const PoolView& pool, const KVInput& kv);
   // Non-finite counter: enqueue a copy to the host, fold completed copies into the sink.
   void SnapshotNonfinite();
   void FoldNonfinite();
@@ -174,6 +176,8 @@ class CudaBackend final : public Backend {
   size_t device_staging_bytes_ = 0;
   void* scratch_ = nullptr;  // ReadPage's decoded floats
   size_t scratch_bytes_ = 0;
+  void* rotated_ = nullptr;  // WriteRows' rotated keys (Options::key_rotation), FP32
+  size_t rotated_bytes_ = 0;
 
   unsigned long long* nonfinite_device_ = nullptr;
   uint64_t* snapshots_ = nullptr;  // pinned [kSnapshots]

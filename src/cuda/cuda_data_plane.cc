@@ -94,6 +94,22 @@ void CudaBackend::FoldNonfinite() {
 
 // ---- Data plane ----
 
+absl::StatusOr<const float*> CudaBackend::RotateKeys(const PoolView& pool, const KVInput& kv) {
+  const PageLayout& l = pool.layout;
+  gpu::RotateRowsParams r;
+  r.num_rows = kv.num_tokens * l.heads;
+  KVTIER_RETURN_IF_ERROR(GrowDevice(&rotated_, &rotated_bytes_,
+                                    static_cast<size_t>(r.num_rows) * l.head_dim * sizeof(float)));
+  r.in = kv.k;
+  r.in_type = kv.dtype == DType::kBFloat16 ? gpu::RotateInput::kBf16 : gpu::RotateInput::kFp16;
+  r.out = static_cast<float*>(rotated_);
+  r.head_dim = l.head_dim;
+  r.heads = l.heads;
+  r.seed = pool.key_rotation_seed;
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchRotateRows(r, stream_));
+  return static_cast<const float*>(rotated_);
+}
+
 absl::Status CudaBackend::WriteRows(const PoolView& pool, absl::Span<const int64_t> slots,
                                     const KVInput& kv, int64_t* nonfinite) {
   KVTIER_RETURN_IF_ERROR(sticky_);
@@ -135,6 +151,9 @@ absl::Status CudaBackend::WriteRows(const PoolView& pool, absl::Span<const int64
   p.bf16 = kv.dtype == DType::kBFloat16;
   p.nonfinite = nonfinite_device_;
   p.num_sms = num_sms_;
+  if (pool.rotate_keys) {
+    KVTIER_ASSIGN_OR_RETURN(p.k_rotated, RotateKeys(pool, kv));
+  }
   KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchWriteRows(p, stream_));
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/data_plane.cuh"
 #include "kernels/decode_attention.cuh"
 #include "src/cuda/cuda_status.h"
 
@@ -110,6 +111,20 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
   p.seq_lens = tables.seq_lens();
   p.softmax_scale = queries.softmax_scale;
   p.q = queries.q.data();
+  if (kv.rotate_keys) {  // keys are stored as R_h k: attend with R_h q (kernels/rotate.cu)
+    KVTIER_ASSIGN_OR_RETURN(float* rotated, buffers.Allocate<float>(queries.q.size()));
+    gpu::RotateRowsParams r;
+    r.in = queries.q.data();
+    r.in_type = gpu::RotateInput::kFp32;
+    r.out = rotated;
+    r.num_rows = static_cast<int64_t>(queries.q.size()) / kv.head_dim;
+    r.head_dim = kv.head_dim;
+    r.heads = queries.num_q_heads;
+    r.group = queries.num_q_heads / kv.num_kv_heads;
+    r.seed = kv.key_rotation_seed;
+    KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchRotateRows(r, stream));
+    p.q = rotated;
+  }
   p.out = outputs.out.data();
   p.lse = outputs.lse.data();
   p.num_splits = split.num_splits;

@@ -196,6 +196,25 @@ TEST(DecodeAttentionTest, EveryFormatMixGroupAndRaggedLength) {
   }
 }
 
+// Rotated keys (Options::key_rotation): the append kernel stores the CPU backend's bits (the
+// rotation included, and through demotion), and the kernel, which rotates the queries, agrees
+// with the reference.
+TEST(DecodeAttentionTest, RotatedKeys) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  for (int palette : {1, 2}) {
+    SCOPED_TRACE(absl::StrJoin(Palettes()[palette], " "));
+    Options o = MakeOptions(Palettes()[palette], 512);
+    o.key_rotation = KeyRotation::kHadamard;
+    auto pair = CachePair::Create(o).value();
+    const std::vector<SequenceId> seqs = Fill(*pair, {1, 16, 100, 1000, 5000, 33}, &rng);
+    for (SequenceId s : seqs) EXPECT_EQ(pair->CompareSequence(s), "");
+    for (int group : {1, 4, 8}) {
+      EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
+    }
+  }
+}
+
 TEST(DecodeAttentionTest, Batch256Ragged) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(11);

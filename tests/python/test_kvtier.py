@@ -400,6 +400,37 @@ def stripped_lines(text):
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
+def test_rotated_keys_read_back_attend_alike_and_adapters_refuse():
+    with pytest.raises(ValueError, match="key_rotation"):
+        kvtier.Cache(head_dim=48, key_rotation="hadamard")
+    with pytest.raises(ValueError, match="hadamard"):
+        kvtier.Cache(key_rotation="givens")
+    caches = [kvtier.Cache(num_layers=1, num_kv_heads=H, head_dim=D, block_tokens=S,
+                           budget_bytes=16 << 20, key_rotation=r) for r in ("none", "hadamard")]
+    assert [c.key_rotation for c in caches] == ["none", "hadamard"]
+    rng = np.random.default_rng(3)
+    k = rng.normal(size=(20, H, D)).astype(np.float16)
+    v = rng.normal(size=(20, H, D)).astype(np.float16)
+    q = rng.normal(size=(1, 4, D)).astype(np.float32)
+    outs = []
+    for c in caches:
+        seq, _ = c.add_sequence()
+        c.write_kv(0, c.append(seq, 20), k, v)
+        rk, rv = c.read_kv(seq, 0)
+        np.testing.assert_allclose(rk, k.astype(np.float32), atol=5e-3)  # un-rotated on read
+        np.testing.assert_array_equal(rv, v.astype(np.float32))
+        out, lse = np.zeros((1, 4, D), np.float32), np.zeros((1, 4), np.float32)
+        c.decode_attention(0, [seq], q, out, lse)  # rotates the queries
+        outs.append(out)
+    np.testing.assert_allclose(outs[1], outs[0], atol=2e-3)
+    with pytest.raises(RuntimeError, match="rotated"):
+        caches[1].flashinfer_layer(0, 0)
+    # The preset meant for rotated keys turns rotation on unless told otherwise.
+    assert kvtier.Cache(policy="balanced_rot").key_rotation == "hadamard"
+    assert kvtier.Cache(policy="balanced_rot", key_rotation="none").key_rotation == "none"
+    assert kvtier.Cache(policy="balanced").key_rotation == "none"
+
+
 def test_docs_python_snippets_run():
     blocks = doc_blocks("python")
     assert blocks, "docs/adapters.md has no python snippets"

@@ -43,6 +43,11 @@ KVTIER_EXPORT absl::StatusOr<AdapterTarget> ParseAdapterTarget(absl::string_view
 // InvalidArgument naming the format, the target, the reason and what the target reads.
 KVTIER_EXPORT absl::Status CheckReadable(AdapterTarget target, const FormatSpec& format,
                                          const Geometry& geometry);
+// OK when the cache's keys are stored as written. FailedPrecondition when
+// options.key_rotation rotates them: `target`'s kernel would take q . (R k) for q . k, since it
+// does not rotate queries (and a kernel that writes K itself would store unrotated keys).
+// Every adapter entry point that hands out pools, parts or slots checks this first.
+KVTIER_EXPORT absl::Status CheckKeysUnrotated(AdapterTarget target, const Options& options);
 // CheckReadable for every palette format: for an engine that will send every block to `target`.
 KVTIER_EXPORT absl::Status CheckPaletteReadable(AdapterTarget target, const Options& options);
 
