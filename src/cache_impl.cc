@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "src/evictor.h"
 #include "src/prefix_hash.h"
@@ -155,13 +154,12 @@ absl::StatusOr<int64_t> CacheImpl::PlanAppend(absl::Span<const SequenceId> batch
   const int64_t s = options_.geometry.block_tokens;
   int64_t pages = 0;
   batch_sequences_.clear();
-  // Tokens planned so far per sequence: a sequence named twice appends after itself.
-  absl::flat_hash_map<const Sequence*, int64_t> planned;
+  batch_planned_.clear();
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence* seq = sequences_.Find(batch[i]);
     if (seq == nullptr) return UnknownSequence(batch[i]);
     batch_sequences_.push_back(seq);
-    int64_t& before = planned[seq];
+    int64_t& before = batch_planned_[seq];
     const int64_t length = seq->num_tokens + before;
     if (num_tokens[i] > kMaxSequenceTokens - length) {
       return absl::InvalidArgumentError(absl::StrCat(

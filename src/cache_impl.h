@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "kvtier/cache.h"
 #include "src/backend.h"
 #include "src/block_events.h"
@@ -159,6 +160,9 @@ class CacheImpl final : public Cache {
   SequenceTable sequences_ ABSL_GUARDED_BY(mu_);
   // AppendBatch's sequences, found once (capacity kept across calls: no steady-state allocation).
   std::vector<Sequence*> batch_sequences_ ABSL_GUARDED_BY(mu_);
+  // PlanAppend's tokens planned so far per sequence (a sequence named twice appends after
+  // itself); a member so that a step's batch allocates nothing once warm.
+  absl::flat_hash_map<const Sequence*, int64_t> batch_planned_ ABSL_GUARDED_BY(mu_);
 
   // The policy in force, resolved to palette indices (cache_policy.cc).
   struct ActivePolicy {
