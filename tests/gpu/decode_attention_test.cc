@@ -39,16 +39,17 @@ Options MakeOptions(const std::vector<std::string>& palette, int64_t budget_mib)
 }
 
 // Adds sequences of `lengths` with random K/V, then demotes each full block to a palette
-// format drawn at random (weights: index 0 stays hot).
+// format drawn at random (weights: index 0 stays hot). `same_pages`: as CachePair::AppendBatch
+// (false once the pair has demoted: the CUDA cache reclaims pages later than the CPU one).
 std::vector<SequenceId> Fill(CachePair& pair, const std::vector<int64_t>& lengths,
-                             std::mt19937* rng) {
+                             std::mt19937* rng, bool same_pages = true) {
   std::vector<SequenceId> seqs, filled;
   std::vector<int64_t> nonzero;
   for (int64_t length : lengths) {
     seqs.push_back(pair.AddSequence());
     if (length > 0) filled.push_back(seqs.back()), nonzero.push_back(length);
   }
-  const absl::Status appended = pair.AppendBatch(filled, nonzero);
+  const absl::Status appended = pair.AppendBatch(filled, nonzero, same_pages);
   EXPECT_TRUE(appended.ok()) << appended;
   pair.WriteAllLayers(rng, /*specials=*/false);
   const int formats = static_cast<int>(pair.options().palette.size());
@@ -291,7 +292,8 @@ TEST(DecodeAttentionTest, PreparedStepReadFromOtherStreams) {
   std::mt19937 rng(23);
   auto pair = CachePair::Create(MakeOptions(Palettes()[1], 512)).value();
   const std::vector<SequenceId> seqs = Fill(*pair, {5, 300, 2000, 4096}, &rng);
-  const std::vector<SequenceId> others = Fill(*pair, {4000, 1, 33, 700}, &rng);
+  const std::vector<SequenceId> others =
+      Fill(*pair, {4000, 1, 33, 700}, &rng, /*same_pages=*/false);
   PageTables tables, other_tables;
   ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
   ASSERT_TRUE(pair->gpu().BuildPageTables(others, &other_tables).ok());
@@ -412,7 +414,8 @@ TEST(DecodeAttentionTest, CapturedStepReplaysWithNewTokens) {
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   std::vector<float> previous;
   for (int i = 0; i < kSteps; ++i) {
-    ASSERT_TRUE(pair->AppendBatch(seqs, std::vector<int64_t>(seqs.size(), 1)).ok());
+    ASSERT_TRUE(
+        pair->AppendBatch(seqs, std::vector<int64_t>(seqs.size(), 1), /*same_pages=*/false).ok());
     pair->WriteAllLayers(&rng, false);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
