@@ -9,10 +9,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/base/casts.h"
 #include "kvtier/cache.h"
 #include "kvtier/ids.h"
 
 namespace kvtier {
+
+// A non-negative float in 16 bits: its top half (bfloat16), rounded down, so that packed values
+// order as the floats do.
+inline uint16_t PackAttention(float x) { return static_cast<uint16_t>(absl::bit_cast<uint32_t>(x) >> 16); }
+inline float UnpackAttention(uint16_t packed) {
+  return absl::bit_cast<float>(static_cast<uint32_t>(packed) << 16);
+}
 
 struct BlockMeta {
   uint64_t hash = 0;           // prefix identity while `indexed`
@@ -31,6 +39,8 @@ struct BlockMeta {
   BlockState state = BlockState::kFree;
   uint8_t vote_tier = 0;       // a shared block moves to this tier once votes reach ref_count
   uint16_t votes = 0;          // sharers whose age for the block has crossed into vote_tier
+  // Largest weight x sequence blocks reported (Cache::RecordAttention), as PackAttention.
+  uint16_t attention = 0;
   uint32_t born_ms = 0;        // cache clock at allocation
   uint32_t idle_since_ms = 0;  // cache clock when it was last cached
   uint32_t offloaded_children = 0;  // indexed children in the host tier (`children`: device)

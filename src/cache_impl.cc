@@ -325,7 +325,7 @@ absl::StatusOr<BlockInfo> CacheImpl::GetBlockInfo(BlockId id) const {
   }
   const BlockMeta& b = pool_[id.index];
   return BlockInfo{b.state, b.format, static_cast<int32_t>(b.page),
-                   static_cast<int32_t>(b.ref_count), b.num_tokens};
+                   static_cast<int32_t>(b.ref_count), b.num_tokens, UnpackAttention(b.attention)};
 }
 
 std::vector<IndexedBlock> CacheImpl::IndexedBlocks() const {

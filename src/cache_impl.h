@@ -59,6 +59,7 @@ class CacheImpl final : public Cache {
   absl::Status Demote(absl::Span<const BlockId> blocks, int32_t format) override;
   absl::Status CalibrateTensorScales(int32_t layer, const KVInput& kv) override;
   absl::Status SetPolicy(const Policy& policy) override;
+  absl::Status RecordAttention(SequenceId seq, absl::Span<const float> block_weight) override;
   absl::Status EndStep() override;
   absl::StatusOr<bool> FencePassed(uint64_t fence) override;
   CacheStats GetStats() const override;
@@ -172,6 +173,7 @@ class CacheImpl final : public Cache {
     int64_t sink_tokens = 0;
     double watermark = 0;
     double window_scale = 1;
+    double keep_ratio = 0;  // Policy::attention_keep_ratio
   };
   std::optional<ActivePolicy> policy_ ABSL_GUARDED_BY(mu_);
   bool under_pressure_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,6 +1,7 @@
 // The precision side of CacheImpl: the policy pass of EndStep, which ages the blocks of the
 // sequences that grew since the last step and shrinks windows under memory pressure, and
-// demotion (explicit through Demote, or planned by the pass).
+// demotion (explicit through Demote, or planned by the pass), and the attention reports
+// (RecordAttention) that keep the blocks attention singled out one tier hotter.
 //
 // Cost. Each sequence keeps, per tier k, a cursor: the number of its leading blocks already
 // considered for tier k. A tier-k boundary is crossed by the blocks between the cursor and
@@ -22,6 +23,7 @@ absl::Status CacheImpl::SetPolicy(const Policy& policy) {
   active.sink_tokens = policy.sink_tokens;
   active.watermark = policy.pressure_watermark;
   active.window_scale = policy.pressure_window_scale;
+  active.keep_ratio = policy.attention_keep_ratio;
   int previous = -1;
   for (size_t t = 0; t < policy.tiers.size(); ++t) {
     const auto it = std::find(options_.palette.begin(), options_.palette.end(), policy.tiers[t].format);
@@ -38,6 +40,29 @@ absl::Status CacheImpl::SetPolicy(const Policy& policy) {
   MutexLock lock(&mu_);
   policy_ = std::move(active);
   MarkAllDirty();  // every live sequence is considered at the next step under the new rules
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::RecordAttention(SequenceId id, absl::Span<const float> block_weight) {
+  for (size_t i = 0; i < block_weight.size(); ++i) {
+    if (!(block_weight[i] >= 0 && block_weight[i] <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block_weight[", i, "] = ", block_weight[i], " is outside [0, 1]"));
+    }
+  }
+  MutexLock lock(&mu_);
+  const Sequence* seq = sequences_.Find(id);
+  if (seq == nullptr) return UnknownSequence(id);
+  if (block_weight.size() != seq->blocks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("block_weight holds ", block_weight.size(),
+                                                   " weights; the sequence has ",
+                                                   seq->blocks.size(), " blocks"));
+  }
+  const float blocks = static_cast<float>(block_weight.size());
+  for (size_t i = 0; i < block_weight.size(); ++i) {
+    BlockMeta& m = pool_[seq->blocks[i]];
+    m.attention = std::max(m.attention, PackAttention(block_weight[i] * blocks));
+  }
   return absl::OkStatus();
 }
 
@@ -87,11 +112,14 @@ void CacheImpl::AgeSequence(Sequence& seq) {
       if (i * s < p.sink_tokens) continue;  // sinks stay hot
       const uint32_t b = seq.blocks[i];
       BlockMeta& m = pool_[b];
-      const int target = std::min<int>(p.tier_format[k], m.coldest_format);
+      // A block attention singled out stays one tier hotter (in palette[0] out of tier 1).
+      const int tier = p.keep_ratio > 0 && UnpackAttention(m.attention) >= p.keep_ratio ? k - 1 : k;
+      if (tier == 0) continue;
+      const int target = std::min<int>(p.tier_format[tier], m.coldest_format);
       if (target <= m.format) continue;
       if (m.ref_count > 1) {  // shared: move once every sharer's age has crossed
-        if (m.vote_tier != k) {
-          m.vote_tier = static_cast<uint8_t>(k);
+        if (m.vote_tier != tier) {
+          m.vote_tier = static_cast<uint8_t>(tier);
           m.votes = 0;
         }
         if (++m.votes < m.ref_count) continue;

@@ -80,6 +80,12 @@ absl::Status ValidatePolicy(const Policy& p) {
   if (!(p.pressure_window_scale > 0 && p.pressure_window_scale <= 1)) {
     return Invalid("pressure_window_scale", "must be in (0, 1]");
   }
+  if (!(p.attention_keep_ratio == 0 ||
+        (p.attention_keep_ratio >= 1 && p.attention_keep_ratio <= kMaxAttentionKeepRatio))) {
+    return Invalid("attention_keep_ratio",
+                   absl::StrCat(p.attention_keep_ratio, " is neither 0 (off) nor in [1, ",
+                                kMaxAttentionKeepRatio, "]"));
+  }
   return absl::OkStatus();
 }
 
@@ -130,6 +136,9 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view json) {
     } else if (key == "pressure_window_scale") {
       if (!number) return Invalid(key, "expected a number");
       p.pressure_window_scale = value.number;
+    } else if (key == "attention_keep_ratio") {
+      if (!number) return Invalid(key, "expected a number");
+      p.attention_keep_ratio = value.number;
     } else if (key == "tiers") {
       if (value.type != JsonValue::Type::kArray) return Invalid(key, "expected an array");
       for (size_t i = 0; i < value.items.size(); ++i) {
@@ -186,7 +195,7 @@ std::string PolicyToJson(const Policy& p) {
   return absl::StrCat("{\"name\": ", JsonQuote(p.name), ", \"tiers\": [", absl::StrJoin(tiers, ", "),
                       "], \"sink_tokens\": ", p.sink_tokens, ", \"pressure_watermark\": ",
                       p.pressure_watermark, ", \"pressure_window_scale\": ", p.pressure_window_scale,
-                      "}");
+                      ", \"attention_keep_ratio\": ", p.attention_keep_ratio, "}");
 }
 
 }  // namespace kvtier

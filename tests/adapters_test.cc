@@ -438,7 +438,7 @@ TEST(AdaptersTest, PerFormatAttentionMergedByLseEqualsWholeSequenceAttention) {
   std::vector<float> whole_out(batch * q_heads * kDim), whole_lse(batch * q_heads);
   ASSERT_TRUE(PagedDecodeAttention(kv, b.tables, DecodeQueries{q, q_heads, scale},
                                    DecodeOutputs{absl::MakeSpan(whole_out),
-                                                 absl::MakeSpan(whole_lse), {}, 0})
+                                                 absl::MakeSpan(whole_lse), {}, 0, {}})
                   .ok());
 
   const std::vector<FormatPart> parts = *BuildFlashInferParts(b.cache->options(), b.tables);
@@ -453,7 +453,7 @@ TEST(AdaptersTest, PerFormatAttentionMergedByLseEqualsWholeSequenceAttention) {
     ASSERT_TRUE(PagedDecodeAttention(kv, PartAsPageTables(part),
                                      DecodeQueries{part_q, q_heads, scale},
                                      DecodeOutputs{absl::MakeSpan(outs[p]),
-                                                   absl::MakeSpan(lses[p]), {}, 0})
+                                                   absl::MakeSpan(lses[p]), {}, 0, {}})
                     .ok());
     const bool base2 = part.format == 1;
     if (base2) NaturalToBase2Lse(absl::MakeSpan(lses[p]));
@@ -562,7 +562,7 @@ absl::Status AttendMixedOnCpu(const Cache& cache, const PageTables& tables, int3
     lses[i].resize(parts[i].rows() * q.num_q_heads);
     KVTIER_RETURN_IF_ERROR(PagedDecodeAttention(
         kv, PartAsPageTables(parts[i]), DecodeQueries{part_q, q.num_q_heads, q.softmax_scale},
-        DecodeOutputs{absl::MakeSpan(outs[i]), absl::MakeSpan(lses[i]), {}, 0}));
+        DecodeOutputs{absl::MakeSpan(outs[i]), absl::MakeSpan(lses[i]), {}, 0, {}}));
     states.push_back({parts[i].batch_index, outs[i], lses[i], LseBase::kNatural});
   }
   return MergePartialStates(states, static_cast<int64_t>(tables.seq_lens.size()),
@@ -588,7 +588,7 @@ TEST(AdaptersDocTest, SnippetsRun) {
                   .ok());
   ASSERT_TRUE(PagedDecodeAttention(*GetPagedLayer(*cache, 0), tables, queries,
                                    DecodeOutputs{absl::MakeSpan(whole_out),
-                                                 absl::MakeSpan(whole_lse), {}, 0})
+                                                 absl::MakeSpan(whole_lse), {}, 0, {}})
                   .ok());
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], whole_out[i], 1e-5) << i;
   for (size_t i = 0; i < lse.size(); ++i) EXPECT_NEAR(lse[i], whole_lse[i], 1e-5) << i;

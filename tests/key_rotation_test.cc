@@ -80,7 +80,7 @@ Attention Attend(const Cache& cache, SequenceId seq, const std::vector<float>& q
               std::vector<float>(q_heads * length)};
   const absl::Status s = DecodeAttention(
       cache, 0, tables, DecodeQueries{q, q_heads, 1.f / std::sqrt(float{kDim})},
-      DecodeOutputs{absl::MakeSpan(a.out), absl::MakeSpan(a.lse), absl::MakeSpan(a.logits), length});
+      DecodeOutputs{absl::MakeSpan(a.out), absl::MakeSpan(a.lse), absl::MakeSpan(a.logits), length, {}});
   EXPECT_TRUE(s.ok()) << s;
   return a;
 }
@@ -94,7 +94,7 @@ Attention AttendDense(const TokensKV& t, const std::vector<float>& q, int q_head
   EXPECT_TRUE(DenseDecodeAttention({&seq, 1}, kHeads, kDim,
                                    DecodeQueries{q, q_heads, 1.f / std::sqrt(float{kDim})},
                                    DecodeOutputs{absl::MakeSpan(a.out), absl::MakeSpan(a.lse),
-                                                 absl::MakeSpan(a.logits), length})
+                                                 absl::MakeSpan(a.logits), length, {}})
                   .ok());
   return a;
 }

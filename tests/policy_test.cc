@@ -45,6 +45,10 @@ TEST(PolicyTest, InvalidPoliciesNameTheField) {
            Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": -1})", "sink_tokens"},
            Case{R"({"tiers": [{"format": "fp16"}], "pressure_watermark": 1.5})", "pressure_watermark"},
            Case{R"({"tiers": [{"format": "fp16"}], "pressure_window_scale": 0})", "pressure_window_scale"},
+           Case{R"({"tiers": [{"format": "fp16"}], "attention_keep_ratio": 0.5})", "attention_keep_ratio"},
+           Case{R"({"tiers": [{"format": "fp16"}], "attention_keep_ratio": -1})", "attention_keep_ratio"},
+           Case{R"({"tiers": [{"format": "fp16"}], "attention_keep_ratio": 1e9})", "attention_keep_ratio"},
+           Case{R"({"tiers": [{"format": "fp16"}], "attention_keep_ratio": "8"})", "attention_keep_ratio"},
            Case{R"({"tiers": [{"format": "fp16", "colour": 1}]})", "tiers[0].colour"},
            Case{R"({"tier": []})", "policy.tier"},
            Case{R"({"tiers": [{"format": "fp16"}], )", "JSON at byte"},
@@ -153,6 +157,71 @@ TEST(PolicyAgingTest, SharedBlocksFollowTheirYoungestSharer) {
   ASSERT_TRUE(cache->EndStep().ok());
   EXPECT_EQ(Formats(*cache, old_seq)[1], 1);  // now the young one crossed too
   EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
+}
+
+TEST(PolicyAttentionTest, RecordAttentionKeepsTheLargestShareAndRefusesBadReports) {
+  auto cache = PolicyCache(ShortWindows());
+  const SequenceId seq = *cache->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->Append(seq, 40, &slots).ok());  // 3 blocks, the last partial
+  ASSERT_TRUE(cache->RecordAttention(seq, std::vector<float>{0.5f, 0.f, 0.5f}).ok());
+  ASSERT_TRUE(cache->RecordAttention(seq, std::vector<float>{0.25f, 0.75f, 0.f}).ok());
+  const std::vector<BlockId> blocks = *cache->SequenceBlocks(seq);
+  EXPECT_FLOAT_EQ(cache->GetBlockInfo(blocks[0])->attention, 1.5f);  // max(0.5, 0.25) x 3
+  EXPECT_FLOAT_EQ(cache->GetBlockInfo(blocks[1])->attention, 2.25f);
+  EXPECT_FLOAT_EQ(cache->GetBlockInfo(blocks[2])->attention, 1.5f);
+  struct Bad {
+    std::vector<float> weights;
+    absl::StatusCode code;
+    const char* says;
+  };
+  for (const Bad& bad : {Bad{{0.f, 1.f}, absl::StatusCode::kInvalidArgument, "3 blocks"},
+                         Bad{{1.f, 1.f, 1.f, 1.f}, absl::StatusCode::kInvalidArgument, "3 blocks"},
+                         Bad{{1.f, 1.5f, 1.f}, absl::StatusCode::kInvalidArgument, "block_weight[1]"},
+                         Bad{{1.f, 1.f, -0.f - 1}, absl::StatusCode::kInvalidArgument, "block_weight[2]"},
+                         Bad{{NAN, 1.f, 1.f}, absl::StatusCode::kInvalidArgument, "block_weight[0]"}}) {
+    const absl::Status s = cache->RecordAttention(seq, bad.weights);
+    EXPECT_EQ(s.code(), bad.code) << s;
+    EXPECT_NE(s.message().find(bad.says), absl::string_view::npos) << s;
+  }
+  EXPECT_FLOAT_EQ(cache->GetBlockInfo(blocks[1])->attention, 2.25f);  // nothing recorded
+  EXPECT_EQ(cache->RecordAttention(SequenceId{9, 9}, std::vector<float>{}).code(),
+            absl::StatusCode::kNotFound);
+  // A freed block's slot starts again from 0.
+  ASSERT_TRUE(cache->Release(seq).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  const SequenceId next = *cache->AddSequence();
+  ASSERT_TRUE(cache->Append(next, 16, &slots).ok());
+  EXPECT_EQ(cache->GetBlockInfo(cache->SequenceBlocks(next)->front())->attention, 0.f);
+}
+
+TEST(PolicyAttentionTest, BlocksAttentionSinglesOutStayOneTierHotter) {
+  Policy p = ShortWindows(0);
+  p.attention_keep_ratio = 4;
+  auto cache = PolicyCache(p);
+  const SequenceId seq = *cache->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->Append(seq, 64, &slots).ok());  // 4 blocks, all younger than 96 tokens
+  // Block 1 gets 4x a uniform share (1/4 of 4 blocks would be 1x): kept; block 2 gets 3x: not.
+  ASSERT_TRUE(cache->RecordAttention(seq, std::vector<float>{0.f, 1.f, 0.75f, 0.f}).ok());
+  ASSERT_TRUE(cache->Append(seq, 16, &slots).ok());  // 80 tokens: blocks 0-2 aged past 32
+  ASSERT_TRUE(cache->EndStep().ok());
+  EXPECT_EQ(Formats(*cache, seq), (std::vector<int>{1, 0, 1, 0, 0}));
+  ASSERT_TRUE(cache->Append(seq, 160, &slots).ok());  // 240 tokens: blocks 0-8 past 96
+  ASSERT_TRUE(cache->EndStep().ok());
+  const std::vector<int> formats = Formats(*cache, seq);
+  EXPECT_EQ(formats[0], 2);
+  EXPECT_EQ(formats[1], 1);  // NVFP4 by age, kept in FP8
+  EXPECT_EQ(formats[2], 2);
+  EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
+  // Without the rule the same reports change nothing.
+  auto plain = PolicyCache(ShortWindows(0));
+  const SequenceId other = *plain->AddSequence();
+  ASSERT_TRUE(plain->Append(other, 64, &slots).ok());
+  ASSERT_TRUE(plain->RecordAttention(other, std::vector<float>{0.f, 1.f, 0.75f, 0.f}).ok());
+  ASSERT_TRUE(plain->Append(other, 176, &slots).ok());
+  ASSERT_TRUE(plain->EndStep().ok());
+  EXPECT_EQ(Formats(*plain, other)[1], 2);
 }
 
 TEST(PolicyAgingTest, UnderPressureWindowsShrinkBeforePrefixesAreEvicted) {

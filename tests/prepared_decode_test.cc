@@ -56,7 +56,7 @@ std::vector<SequenceId> WriteBatch(Cache& cache, const std::vector<int64_t>& len
 struct Outputs {
   std::vector<float> out, lse;
   explicit Outputs(int64_t batch) : out(batch * kQHeads * 32), lse(batch * kQHeads) {}
-  DecodeOutputs View() { return DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse), {}, 0}; }
+  DecodeOutputs View() { return DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse), {}, 0, {}}; }
 };
 
 TEST(PreparedDecodeTest, EqualsTheTablesOnEveryLayer) {

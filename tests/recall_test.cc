@@ -206,7 +206,7 @@ TEST(RecallArmsTest, Fp16ArmReproducesTheReferenceBitForBit) {
   ASSERT_TRUE(DenseDecodeAttention({DenseSequence{t.k, t.v, t.length}}, t.kv_heads, t.head_dim,
                                    DecodeQueries{t.q, q_heads, t.softmax_scale},
                                    DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse),
-                                                 absl::MakeSpan(logits), t.length}).ok());
+                                                 absl::MakeSpan(logits), t.length, {}}).ok());
   EXPECT_EQ(r.logits, logits);
   EXPECT_EQ(r.out, out);
   EXPECT_EQ(r.lse, lse);

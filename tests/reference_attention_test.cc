@@ -24,7 +24,7 @@ using ::kvtier::testing::RandomHalves;
 struct Results {
   std::vector<float> out, lse, logits;
   DecodeOutputs View(int64_t stride) {
-    return DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse), absl::MakeSpan(logits), stride};
+    return DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse), absl::MakeSpan(logits), stride, {}};
   }
 };
 
@@ -231,6 +231,62 @@ TEST(ReferenceAttentionTest, QueryHeadsMapToTheirKvHeadGroup) {
     for (int d = 0; d < dim; ++d) EXPECT_EQ(all.out[h * dim + d], one.out[d]) << h;
     EXPECT_EQ(all.lse[h], one.lse[0]) << h;
   }
+}
+
+// page_weight: per page, the largest softmax weight any query head gives its tokens, taken as
+// a max with what the buffer holds; heads whose LSE is not finite add nothing.
+TEST(ReferenceAttentionTest, PageWeightIsEachPagesLargestHeadWeight) {
+  auto cache = MustCreate(TestOptions({"fp16", "nvfp4/block_head"}));
+  const SequenceId a = WriteRandom(*cache, 45, 71), b = WriteRandom(*cache, 16, 73);
+  ASSERT_TRUE(cache->Demote({cache->SequenceBlocks(a)->at(1)}, 1).ok());
+  PageTables tables;
+  ASSERT_TRUE(cache->BuildPageTables({a, b}, &tables).ok());
+  const PagedLayer layer = *GetPagedLayer(*cache, 0);
+  const int q_heads = 4, dim = 32;
+  std::vector<float> q = RandomFloats(2 * q_heads * dim, 74);
+  q[3 * dim] = NAN;  // sequence a, query head 3: NaN output, no page weight
+  Results r = MakeResults(2, q_heads, dim, 45);
+  std::vector<float> weight(4, 0.f);  // a: 3 pages, b: 1
+  weight[1] = 0.999f;                 // kept: the call takes the max
+  DecodeOutputs o = r.View(45);
+  o.page_weight = absl::MakeSpan(weight);
+  ASSERT_TRUE(PagedDecodeAttention(layer, tables, DecodeQueries{q, q_heads, 0.5f}, o).ok());
+  std::vector<float> want(4, 0.f);
+  want[1] = 0.999f;
+  for (int s = 0; s < 2; ++s) {
+    const int64_t len = tables.seq_lens[s];
+    for (int h = 0; h < q_heads; ++h) {
+      const size_t row = static_cast<size_t>(s) * q_heads + h;
+      if (!std::isfinite(r.lse[row])) continue;
+      for (int64_t first = 0; first < len; first += 16) {
+        double mass = 0;
+        for (int64_t t = first; t < std::min<int64_t>(first + 16, len); ++t) {
+          mass += std::exp(static_cast<double>(r.logits[row * 45 + t]) - r.lse[row]);
+        }
+        float& w = want[tables.packed_indptr[s] + first / 16];
+        w = std::max(w, static_cast<float>(mass));
+      }
+    }
+  }
+  ASSERT_FALSE(std::isfinite(r.lse[3]));
+  for (int e = 0; e < 4; ++e) EXPECT_NEAR(weight[e], want[e], 1e-5) << "page " << e;
+  EXPECT_GT(weight[3], 0.99f);  // b has one page: every head puts all its weight there
+  std::vector<float> short_weight(3);
+  o.page_weight = absl::MakeSpan(short_weight);
+  const absl::Status s = PagedDecodeAttention(layer, tables, DecodeQueries{q, q_heads, 0.5f}, o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("page_weight holds 3"), absl::string_view::npos) << s;
+  const std::vector<float> kv(2 * dim, 0.5f);  // one token, 2 KV heads
+  std::vector<float> dense_weight(1);
+  Results one = MakeResults(1, q_heads, dim, 1);
+  DecodeOutputs dense = one.View(1);
+  dense.page_weight = absl::MakeSpan(dense_weight);
+  const absl::Status d =
+      DenseDecodeAttention({DenseSequence{kv, kv, 1}}, 2, dim,
+                           DecodeQueries{absl::MakeConstSpan(q).subspan(0, q_heads * dim), q_heads, 1.f},
+                           dense);
+  EXPECT_EQ(d.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(d.message().find("page_weight"), absl::string_view::npos) << d;
 }
 
 TEST(ReferenceAttentionTest, BadShapesAreInvalidArgument) {

@@ -72,7 +72,7 @@ py::tuple Attend(const Cache& cache, int32_t layer, const PageTables& tables, co
       kv, tables,
       DecodeQueries{absl::MakeConstSpan(qa.data(), qa.size()), heads, scale},
       DecodeOutputs{absl::MakeSpan(out.mutable_data(), out.size()),
-                    absl::MakeSpan(lse.mutable_data(), lse.size()), {}, 0}));
+                    absl::MakeSpan(lse.mutable_data(), lse.size()), {}, 0, {}}));
   return py::make_tuple(out, lse);
 }
 

@@ -126,7 +126,7 @@ bool DecodeStep(const kvtier::Cache& cache, kvtier::SequenceId seq,
   const kvtier::DenseSequence sequence{k, v, kTokens};
   if (!Ok(kvtier::DenseDecodeAttention({sequence}, kHeads, kDim, queries,
                                        kvtier::DecodeOutputs{absl::MakeSpan(dense),
-                                                             absl::MakeSpan(dense_lse), {}, 0}),
+                                                             absl::MakeSpan(dense_lse), {}, 0, {}}),
           "DenseDecodeAttention")) {
     return false;
   }

@@ -227,7 +227,7 @@ absl::Status ArmRunner::Run(const Trial& trial, bool measure_compute_error, Resu
       status = PagedDecodeAttention(
           *layer, tables, queries,
           DecodeOutputs{absl::MakeSpan(result->out), absl::MakeSpan(result->lse),
-                        absl::MakeSpan(result->logits), trial.length});
+                        absl::MakeSpan(result->logits), trial.length, {}});
     }
     if (status.ok() && measure_compute_error) {
       std::vector<float> k(trial.k.size()), v(trial.v.size()), out(result->out.size()),
@@ -237,7 +237,7 @@ absl::Status ArmRunner::Run(const Trial& trial, bool measure_compute_error, Resu
         const DenseSequence dense{k, v, trial.length};
         status = DenseDecodeAttention({dense}, trial.kv_heads, trial.head_dim,
                                       DecodeQueries{trial.q, q_heads, trial.softmax_scale},
-                                      DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse), {}, 0});
+                                      DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse), {}, 0, {}});
       }
       result->compute_rel_error = RelativeError(result->out, out);
     }

@@ -116,7 +116,7 @@ class Evaluator {
     const DecodeQueries queries{trial->q, q_heads, trial->softmax_scale};
     absl::Status status = DenseDecodeAttention(
         {DenseSequence{trial->k, trial->v, len}}, trial->kv_heads, dim, queries,
-        DecodeOutputs{absl::MakeSpan(*ref_out), absl::MakeSpan(*ref_lse), absl::MakeSpan(*ref_logits), len});
+        DecodeOutputs{absl::MakeSpan(*ref_out), absl::MakeSpan(*ref_lse), absl::MakeSpan(*ref_logits), len, {}});
     if (!status.ok()) return status;
     auto row = [&](const std::vector<float>& x, int i, int64_t n) {
       return absl::MakeConstSpan(x).subspan(static_cast<size_t>(i) * n, n);

@@ -51,6 +51,13 @@ struct DecodeOutputs {
   // REQUIRES when given: logits_stride >= every sequence's length.
   absl::Span<float> logits;
   int64_t logits_stride = 0;
+  // Optional (empty to skip): the attention each page received, for Cache::RecordAttention.
+  // One float per packed entry of the tables ([tables.packed_indptr[batch]], in their order):
+  // the largest weight any query head of this layer gave the page (the sum over its tokens of
+  // exp(l_i - LSE)), in [0, 1]. The call stores max(page_weight[e], weight), so one buffer
+  // collects a step's layers: zero it first. A head whose LSE is not finite adds nothing.
+  // Device memory on the CUDA backend.
+  absl::Span<float> page_weight;
 };
 
 // How work on the CUDA backend is launched; ignored on the CPU backend.

@@ -57,6 +57,10 @@ struct BlockInfo {
   int32_t page = 0;       // page index in that format's pools
   int32_t ref_count = 0;  // sequences holding the block
   int32_t num_tokens = 0;  // tokens filled, block_tokens when full
+  // The largest attention weight reported for it (Cache::RecordAttention) times its
+  // sequence's block count then: 1 is a uniform share. 0 before any report. Kept in 16 bits:
+  // 8 significant bits, rounded down.
+  float attention = 0;
 };
 
 // One (format, layer) pool as external kernels see it: page p starts at
@@ -213,6 +217,15 @@ class KVTIER_EXPORT Cache {
   // when a block already holds data in a format with a per-tensor codec, whose pages were
   // encoded with the old scale.
   virtual absl::Status CalibrateTensorScales(int32_t layer, const KVInput& kv) = 0;
+
+  // Records the attention `seq`'s blocks received, for policies with
+  // Policy::attention_keep_ratio: `block_weight` holds one weight in [0, 1] per block of the
+  // sequence, in order (its entries of DecodeOutputs::page_weight, in host memory). Each block
+  // keeps the largest weight x block_weight.size() reported for it (BlockInfo::attention);
+  // blocks shared with other sequences take the largest over their sharers. Call it before the
+  // EndStep that would age the blocks. All or nothing: NotFound (unknown or stale seq),
+  // InvalidArgument (a size other than the sequence's block count, a weight outside [0, 1]).
+  virtual absl::Status RecordAttention(SequenceId seq, absl::Span<const float> block_weight) = 0;
 
   // ---- Step ----
 

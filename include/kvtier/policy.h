@@ -10,12 +10,20 @@
 // boundary. Under memory pressure (free budget below `pressure_watermark`) every window
 // shrinks by `pressure_window_scale`, demoting before cached prefixes are evicted.
 //
+// Attention-aware precision (`attention_keep_ratio`): blocks that attention singled out, as
+// the engine reports with Cache::RecordAttention (e.g. the weights of a prompt's last tokens,
+// SnapKV's observation window, or of decode steps), stay one tier hotter than their age says.
+// A block qualifies when some query head gave it at least `attention_keep_ratio` times the
+// uniform share (1 / the sequence's block count at the report). Reports only matter for blocks
+// that have not yet aged past the tier they would be kept in (blocks never move hotter).
+//
 // JSON form (every field optional but `tiers`; token counts are integers, each key appears once):
 //   {"name": "balanced",
 //    "tiers": [{"format": "fp16", "max_age_tokens": 256},
 //              {"format": "fp8_e4m3/block_head", "max_age_tokens": 2048},
 //              {"format": "k:nvfp4_channel/block_head,v:nvfp4/block_head"}],
-//    "sink_tokens": 4, "pressure_watermark": 0.05, "pressure_window_scale": 0.5}
+//    "sink_tokens": 4, "pressure_watermark": 0.05, "pressure_window_scale": 0.5,
+//    "attention_keep_ratio": 0}
 #ifndef KVTIER_POLICY_H_
 #define KVTIER_POLICY_H_
 
@@ -34,6 +42,8 @@ namespace kvtier {
 // The largest token count a policy may name (2^53: exact in a double, so windows scaled under
 // pressure and JSON numbers convert without overflow).
 inline constexpr int64_t kMaxPolicyTokens = int64_t{1} << 53;
+// The largest Policy::attention_keep_ratio.
+inline constexpr double kMaxAttentionKeepRatio = 1 << 20;
 
 struct PolicyTier {
   FormatSpec format;
@@ -55,6 +65,10 @@ struct Policy {
   double pressure_watermark = 0.05;
   // Factor applied to every tier bound under pressure, in (0, 1]. Default: 0.5.
   double pressure_window_scale = 0.5;
+  // Blocks whose recorded attention reaches this multiple of a uniform share stay one tier
+  // hotter than their age says. REQUIRES: 0 or in [1, kMaxAttentionKeepRatio].
+  // Default: 0 (off).
+  double attention_keep_ratio = 0;
 };
 
 // OK when `policy` is well formed; otherwise InvalidArgument naming the field.

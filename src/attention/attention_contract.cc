@@ -50,6 +50,7 @@ absl::StatusOr<TableExtent> CheckPageTables(const PageTables& tables, int32_t bl
   }
   TableExtent extent;
   extent.batch = batch;
+  extent.entries = static_cast<int64_t>(tables.packed.size());
   extent.max_page.assign(palette_size, -1);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t pages = tables.packed_indptr[b + 1] - tables.packed_indptr[b];
@@ -90,6 +91,12 @@ absl::Status CheckDecodeCall(const PagedLayer& kv, const TableExtent& extent,
           "the tables name page ", extent.max_page[f], " of format ", f, ", outside its pool of ",
           kv.formats[f].capacity_pages, " pages"));
     }
+  }
+  if (!outputs.page_weight.empty() &&
+      outputs.page_weight.size() != static_cast<size_t>(extent.entries)) {
+    return absl::InvalidArgumentError(absl::StrCat("page_weight holds ", outputs.page_weight.size(),
+                                                   " floats; the tables have ", extent.entries,
+                                                   " pages"));
   }
   return CheckDecodeSpans(extent.batch, kv.num_kv_heads, kv.head_dim, queries, outputs,
                           extent.max_length);

@@ -52,6 +52,7 @@ KVTIER_EXPORT absl::StatusOr<PagedLayer> GetPagedLayer(const Cache& cache, int32
 struct TableExtent {
   std::vector<int64_t> max_page;  // [palette size]
   int64_t batch = 0;
+  int64_t entries = 0;  // packed entries (pages) of the whole batch
   int64_t max_length = 0;
   int32_t max_pages = 0;
 };
@@ -70,8 +71,9 @@ absl::Status CheckDecodeSpans(int64_t batch, int32_t num_kv_heads, int32_t head_
                               const DecodeQueries& queries, const DecodeOutputs& outputs,
                               int64_t max_length);
 
-// The checks of one layer's call: every page `extent` names inside kv's (mapped) pools, and
-// CheckDecodeSpans for extent.batch sequences. InvalidArgument saying what is inconsistent.
+// The checks of one layer's call: every page `extent` names inside kv's (mapped) pools,
+// CheckDecodeSpans for extent.batch sequences, and outputs.page_weight empty or of
+// extent.entries floats. InvalidArgument saying what is inconsistent.
 absl::Status CheckDecodeCall(const PagedLayer& kv, const TableExtent& extent,
                              const DecodeQueries& queries, const DecodeOutputs& outputs);
 

@@ -34,13 +34,38 @@ struct Scratch {
   std::vector<float> row;       // [head_dim]
 };
 
+// Where one (sequence, KV head)'s results go: its group's first rows of out, lse and logits
+// (nullptr to skip), and the sequence's page_weight entries (nullptr to skip).
+struct HeadOutputs {
+  float* out;
+  float* lse;
+  float* logits;
+  int64_t logits_stride;
+  float* page_weight;
+  int block_tokens;
+};
+
+// page_weight[p] = max(page_weight[p], the weight `w` (exp(l - max), summing to `sum`) puts on
+// page p's tokens).
+void KeepPageWeights(const double* w, int64_t length, double sum, int block_tokens,
+                     float* page_weight) {
+  for (int64_t first = 0, p = 0; first < length; first += block_tokens, ++p) {
+    double mass = 0;
+    for (int64_t t = first; t < std::min<int64_t>(first + block_tokens, length); ++t) mass += w[t];
+    page_weight[p] = std::max(page_weight[p], static_cast<float>(mass / sum));
+  }
+}
+
 // The attention math of one (sequence, KV head) for its `group` query heads. `Rows` provides
 // Key(t, head, buf) and Value(t, head, buf), each returning a pointer to head_dim floats (buf or
 // the source's own memory).
 template <typename Rows>
 void AttendHead(const Rows& rows, int64_t length, int kv_head, int head_dim, const float* q,
-                int group, double scale, float* out, float* lse, float* logits,
-                int64_t logits_stride, Scratch* s) {
+                int group, double scale, const HeadOutputs& o, Scratch* s) {
+  float* const out = o.out;
+  float* const lse = o.lse;
+  float* const logits = o.logits;
+  const int64_t logits_stride = o.logits_stride;
   s->weights.assign(static_cast<size_t>(group) * length, 0.0);
   s->acc.assign(static_cast<size_t>(group) * head_dim, 0.0);
   s->row.resize(head_dim);
@@ -67,6 +92,9 @@ void AttendHead(const Rows& rows, int64_t length, int kv_head, int head_dim, con
     }
     sums[g] = sum;
     lse[g] = length > 0 ? static_cast<float>(m + std::log(sum)) : -INFINITY;
+    if (o.page_weight != nullptr && std::isfinite(lse[g])) {
+      KeepPageWeights(w, length, sum, o.block_tokens, o.page_weight);
+    }
   }
   for (int64_t t = 0; t < length; ++t) {
     const float* v = rows.Value(t, kv_head, s->row.data());
@@ -115,19 +143,22 @@ struct PagedRows {
   const float* Value(int64_t t, int h, float* buf) const { return Decode(t, h, buf, false); }
 };
 
-template <typename RowsOf>
+// `page_weight_of(b)`: sequence b's page_weight entries, or nullptr.
+template <typename RowsOf, typename PageWeightOf>
 void AttendBatch(int64_t batch, int32_t num_kv_heads, int32_t head_dim, const DecodeQueries& q,
-                 const DecodeOutputs& o, absl::Span<const int64_t> lengths, RowsOf rows_of) {
+                 const DecodeOutputs& o, absl::Span<const int64_t> lengths, int block_tokens,
+                 RowsOf rows_of, PageWeightOf page_weight_of) {
   Scratch scratch;
   const int group = q.num_q_heads / num_kv_heads;
   for (int64_t b = 0; b < batch; ++b) {
     const auto rows = rows_of(b);
     for (int h = 0; h < num_kv_heads; ++h) {
       const size_t first = static_cast<size_t>(b) * q.num_q_heads + static_cast<size_t>(h) * group;
-      float* logits = o.logits.empty() ? nullptr : o.logits.data() + first * o.logits_stride;
+      const HeadOutputs head{o.out.data() + first * head_dim, o.lse.data() + first,
+                             o.logits.empty() ? nullptr : o.logits.data() + first * o.logits_stride,
+                             o.logits_stride, page_weight_of(b), block_tokens};
       AttendHead(rows, lengths[b], h, head_dim, q.q.data() + first * head_dim, group,
-                 q.softmax_scale, o.out.data() + first * head_dim, o.lse.data() + first, logits,
-                 o.logits_stride, &scratch);
+                 q.softmax_scale, head, &scratch);
     }
   }
 }
@@ -159,9 +190,13 @@ absl::Status PagedDecodeAttention(const PagedLayer& kv, const PageTables& tables
     rotated = RotatedQueries(queries, kv.num_kv_heads, kv.head_dim, kv.key_rotation_seed);
     q.q = rotated;
   }
-  AttendBatch(batch, kv.num_kv_heads, kv.head_dim, q, outputs, lengths, [&](int64_t b) {
-    return PagedRows{&kv, tables.packed.data() + tables.packed_indptr[b]};
-  });
+  AttendBatch(
+      batch, kv.num_kv_heads, kv.head_dim, q, outputs, lengths, kv.block_tokens,
+      [&](int64_t b) { return PagedRows{&kv, tables.packed.data() + tables.packed_indptr[b]}; },
+      [&](int64_t b) -> float* {
+        return outputs.page_weight.empty() ? nullptr
+                                           : outputs.page_weight.data() + tables.packed_indptr[b];
+      });
   return absl::OkStatus();
 }
 
@@ -186,9 +221,15 @@ absl::Status DenseDecodeAttention(absl::Span<const DenseSequence> seqs, int32_t 
   const absl::Status s =
       CheckDecodeSpans(batch, num_kv_heads, head_dim, queries, outputs, max_length);
   if (!s.ok()) return s;
-  AttendBatch(batch, num_kv_heads, head_dim, queries, outputs, lengths, [&](int64_t b) {
-    return DenseRows{seqs[b].k.data(), seqs[b].v.data(), num_kv_heads, head_dim};
-  });
+  if (!outputs.page_weight.empty()) {
+    return absl::InvalidArgumentError("page_weight needs pages; dense K/V have none");
+  }
+  AttendBatch(
+      batch, num_kv_heads, head_dim, queries, outputs, lengths, /*block_tokens=*/1,
+      [&](int64_t b) {
+        return DenseRows{seqs[b].k.data(), seqs[b].v.data(), num_kv_heads, head_dim};
+      },
+      [](int64_t) -> float* { return nullptr; });
   return absl::OkStatus();
 }
 

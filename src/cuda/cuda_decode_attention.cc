@@ -63,6 +63,9 @@ absl::Status CheckFusedCall(const PagedLayer& kv, const TableExtent& extent,
   if (!outputs.logits.empty()) {
     return absl::InvalidArgumentError("the fused decode kernel does not return logits");
   }
+  if (!outputs.page_weight.empty()) {
+    return absl::UnimplementedError("the fused decode kernel does not return page weights yet");
+  }
   if (extent.batch > gpu::kDecodeMaxBatch) {
     return absl::InvalidArgumentError(
         absl::StrCat("a batch of ", extent.batch, " sequences; the fused decode kernel attends at ",
