@@ -39,6 +39,7 @@ target_sources(kvtier PRIVATE
   kernels/append.cu
   kernels/attention/decode_launch.cu
   kernels/attention/merge_states.cu
+  kernels/attention/page_weight.cu
   kernels/copy_pages.cu
   kernels/migrate.cu
   kernels/read_page.cu

@@ -61,6 +61,15 @@ struct PagedDecodeParams {
   int32_t pages_per_split = 0;  // REQUIRES: num_splits * pages_per_split >= every page count
   // With num_splits > 1: device workspace of DecodeWorkspaceFloats() floats.
   float* workspace = nullptr;
+  // Optional (null to skip): the attention each page received. The kernel writes the log-sum-
+  // exp of each (packed entry e, query head h)'s logits within its page, in log2 units, to
+  // page_lse[e * num_q_heads + h] (device, PageLseFloats() floats); once the heads' LSEs are
+  // final, the launch stores max(page_weight[e], the largest exp(page LSE - LSE) of a head whose
+  // LSE is finite) in page_weight[e] for every entry of the batch (device
+  // [packed_indptr[batch]]), by atomicMax on the bits (non-negative floats order as integers).
+  // REQUIRES: page_lse when page_weight is set.
+  float* page_weight = nullptr;
+  float* page_lse = nullptr;
   // Set by LaunchPagedDecode: how each format's page is staged in shared memory and decoded.
   // A staged page holds one KV head's data: [K rows][K micro-scales][V rows][V micro-scales],
   // then 16 K and 16 V FP32 scales at `scales_at`.
@@ -80,8 +89,9 @@ struct PagedDecodeParams {
 };
 
 // A split of every sequence's pages that fills `num_sms` multiprocessors in one wave with this
-// launch's blocks (their residency depends on the palette's staged page size and the GQA group).
-// REQUIRES: p's pools, formats, batch and heads are set. Returns cudaErrorInvalidValue for shapes
+// launch's blocks (their residency depends on the palette's staged page size and the GQA group,
+// not on page_weight: the split, and so every output bit, is the same with page weights or
+// without). REQUIRES: p's pools, formats, batch and heads are set. Returns cudaErrorInvalidValue for shapes
 // or layouts the kernel does not read.
 struct DecodeSplit {
   int32_t num_splits;
@@ -93,7 +103,11 @@ cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int
 // Floats of workspace a launch with these shapes needs (0 when num_splits == 1).
 int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_splits);
 
-// Enqueues the decode kernel and, with num_splits > 1, the merge of its partial states.
+// Floats of page_lse a launch over `entries` packed entries needs.
+int64_t PageLseFloats(int64_t entries, int32_t num_q_heads);
+
+// Enqueues the decode kernel and, with num_splits > 1, the merge of its partial states, then,
+// with page_weight set, the page weights (kernels/attention/page_weight.cu).
 // Returns cudaErrorInvalidValue for shapes outside the REQUIRES above (the host wrapper in
 // src/attention/decode_attention.h checks them first and says why).
 cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream);

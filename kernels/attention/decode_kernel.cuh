@@ -26,8 +26,9 @@
 // formats.
 //
 // One step per page, each a function of decode_stages.cuh: stage (PageRing, stage_page.cuh),
-// QK (ComputeLogits), softmax (OnlineSoftmax), PV (AccumulateValues); then the epilogue merges
-// the warps (StoreWarpState, MergeWarps).
+// QK (ComputeLogits), softmax (OnlineSoftmax), PV (AccumulateValues), and with page weights the
+// page's LSE per head (StorePageLse); then the epilogue merges the warps (StoreWarpState,
+// MergeWarps).
 #ifndef KVTIER_KERNELS_ATTENTION_DECODE_KERNEL_CUH_
 #define KVTIER_KERNELS_ATTENTION_DECODE_KERNEL_CUH_
 
@@ -36,6 +37,7 @@
 
 #include "kernels/attention/cp_async.cuh"
 #include "kernels/attention/decode_stages.cuh"
+#include "kernels/attention/page_weight.cuh"
 #include "kernels/attention/stage_page.cuh"
 #include "kernels/decode_attention.cuh"
 #include "kvtier/page_tables.h"
@@ -200,8 +202,10 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
   }
 }
 
-// kTiles: query-head tiles of 8 (1 when the GQA group fits in 8 heads, else 2).
-template <int kTiles>
+// kTiles: query-head tiles of 8 (1 when the GQA group fits in 8 heads, else 2). kPageWeights:
+// p.page_lse is set; each page's LSE per head is stored there (page_weight.cuh). Without it
+// the page sums are never used and compile away: the kernel does no extra work.
+template <int kTiles, bool kPageWeights>
 __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -225,7 +229,12 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     float s[kTiles][4];
     ComputeLogits<kTiles>(pg, k.g, k.c, qb, s);
     uint32_t pb[kTiles][2];
-    OnlineSoftmax<kTiles>(p, pg, k.g, logit_scale, s, m_run, l_run, unit, inv_unit, o, pb);
+    float page_sum[2 * kTiles];
+    OnlineSoftmax<kTiles>(p, pg, k.g, logit_scale, s, m_run, l_run, unit, inv_unit, o, pb,
+                          page_sum);
+    if constexpr (kPageWeights) {
+      StorePageLse<kTiles>(p, k, ring.first + i * kWarps, m_run, page_sum);
+    }
     AccumulateValues<kTiles>(pg, k.g, k.c, pb, o);
     __syncwarp();  // the buffer is refilled by the next iteration's Stage()
   }

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/attention/decode_kernel.cuh"
+#include "kernels/attention/page_weight.cuh"
 #include "kernels/attention/side_kind.cuh"
 #include "kernels/attention/stage_page.cuh"
 #include "kernels/decode_attention.cuh"
@@ -76,8 +77,8 @@ bool PlanStaging(PagedDecodeParams& k) {
   return true;
 }
 
-// The kernel for k's GQA group and its dynamic shared memory: the staging rings, or the
-// block's merge of its warps' states if larger.
+// The kernel for k's GQA group (keeping page weights or not) and its dynamic shared memory: the
+// staging rings, or the block's merge of its warps' states if larger.
 struct KernelLaunch {
   void (*kernel)(PagedDecodeParams);
   int smem;
@@ -87,7 +88,9 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const size_t group_rows = wide ? 16 : 8;
   const size_t ring = static_cast<size_t>(kWarps) * kStages * (k.stage_bytes + 4);
   const size_t merge = kWarps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
-  return {wide ? PagedDecodeKernel<2> : PagedDecodeKernel<1>,
+  const bool weights = k.page_weight != nullptr;
+  return {wide ? (weights ? PagedDecodeKernel<2, true> : PagedDecodeKernel<2, false>)
+               : (weights ? PagedDecodeKernel<1, true> : PagedDecodeKernel<1, false>),
           static_cast<int>(std::max(ring, merge))};
 }
 
@@ -102,7 +105,8 @@ cudaError_t RaiseSharedLimit() {
   if ((raised.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
   constexpr int kMostSmem =
       kWarps * kStages * (2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4 + 4);
-  for (const auto f : {PagedDecodeKernel<1>, PagedDecodeKernel<2>}) {
+  for (const auto f : {PagedDecodeKernel<1, false>, PagedDecodeKernel<2, false>,
+                       PagedDecodeKernel<1, true>, PagedDecodeKernel<2, true>}) {
     const cudaError_t r =
         cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kMostSmem);
     if (r != cudaSuccess) return r;
@@ -118,12 +122,29 @@ bool ValidShapes(const PagedDecodeParams& p) {
          p.num_formats <= kDecodeMaxFormats;
 }
 
+// The merge of a split launch's partial states (in p.workspace) into p.out and p.lse.
+cudaError_t LaunchSplitMerge(const PagedDecodeParams& p, cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
+  MergeStatesParams m;
+  m.v = p.workspace;
+  m.s = p.workspace + static_cast<int64_t>(p.num_splits) * rows * kDecodeHeadDim;
+  m.v_part_stride = rows * kDecodeHeadDim;
+  m.s_part_stride = rows;
+  m.parts = p.num_splits;
+  m.rows = rows;
+  m.head_dim = kDecodeHeadDim;
+  m.out = p.out;
+  m.lse = p.lse;
+  return LaunchMergeStates(m, stream);
+}
+
 }  // namespace
 
 cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int32_t num_sms,
                               DecodeSplit* split) {
   PagedDecodeParams k = p;
   if (!ValidShapes(p) || !PlanStaging(k)) return cudaErrorInvalidValue;
+  k.page_weight = nullptr;  // the plain kernel's residency: the split, and the bits, are the same
   const cudaError_t raised = RaiseSharedLimit();
   if (raised != cudaSuccess) return raised;
   const KernelLaunch launch = KernelFor(k);
@@ -149,7 +170,8 @@ int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_sp
 
 cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   if (!ValidShapes(p) || p.num_splits < 1 || p.pages_per_split < 1 ||
-      (p.num_splits > 1 && p.workspace == nullptr)) {
+      (p.num_splits > 1 && p.workspace == nullptr) ||
+      (p.page_weight != nullptr && p.page_lse == nullptr)) {
     return cudaErrorInvalidValue;
   }
   if (p.batch == 0) return cudaSuccess;
@@ -161,19 +183,9 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
   launch.kernel<<<grid, kThreads, launch.smem, stream>>>(k);
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess || p.num_splits == 1) return e;
-  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
-  MergeStatesParams m;
-  m.v = p.workspace;
-  m.s = p.workspace + static_cast<int64_t>(p.num_splits) * rows * kDecodeHeadDim;
-  m.v_part_stride = rows * kDecodeHeadDim;
-  m.s_part_stride = rows;
-  m.parts = p.num_splits;
-  m.rows = rows;
-  m.head_dim = kDecodeHeadDim;
-  m.out = p.out;
-  m.lse = p.lse;
-  return LaunchMergeStates(m, stream);
+  if (e == cudaSuccess && p.num_splits > 1) e = LaunchSplitMerge(p, stream);
+  if (e != cudaSuccess || p.page_weight == nullptr) return e;
+  return LaunchPageWeights(p, stream);  // after the LSEs are final
 }
 
 }  // namespace kvtier::gpu

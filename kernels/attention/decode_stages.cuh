@@ -208,36 +208,42 @@ __device__ __forceinline__ void Rescale(bool rescale, const float (&vs)[2],
 }
 
 // Softmax, 3: P^T (the B operand of O^T = V^T P^T), the probabilities times V scale / unit in
-// FP16, and the running sums.
+// FP16, and the running sums; page_sum gets this lane's share of the page's sum for each head
+// (relative to m_run; unused, and so compiled away, unless page weights are kept).
 template <int kTiles>
 __device__ __forceinline__ void Probabilities(const float (&vs)[2], const float (&s)[kTiles][4],
                                               const float (&m_run)[2 * kTiles],
                                               float (&l_run)[2 * kTiles], float inv_unit,
-                                              uint32_t (&pb)[kTiles][2]) {
+                                              uint32_t (&pb)[kTiles][2],
+                                              float (&page_sum)[2 * kTiles]) {
   const float r0 = vs[0] * inv_unit, r1 = vs[1] * inv_unit;
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
     const float e0 = Exp2(s[t][0] - m_run[2 * t]), e1 = Exp2(s[t][1] - m_run[2 * t + 1]);
     const float e2 = Exp2(s[t][2] - m_run[2 * t]), e3 = Exp2(s[t][3] - m_run[2 * t + 1]);
-    l_run[2 * t] += e0 + e2;
-    l_run[2 * t + 1] += e1 + e3;
+    page_sum[2 * t] = e0 + e2;
+    page_sum[2 * t + 1] = e1 + e3;
+    l_run[2 * t] += page_sum[2 * t];
+    l_run[2 * t + 1] += page_sum[2 * t + 1];
     pb[t][0] = Transpose8x8(PackHalf2(e0 * r0, e1 * r0));
     pb[t][1] = Transpose8x8(PackHalf2(e2 * r1, e3 * r1));
   }
 }
 
-// Softmax: the page's logits s to P^T, updating the warp's state (InitState).
+// Softmax: the page's logits s to P^T, updating the warp's state (InitState); page_sum as
+// Probabilities.
 template <int kTiles>
 __device__ __forceinline__ void OnlineSoftmax(const PagedDecodeParams& p, const StagedPage& pg,
                                               int g, float logit_scale, float (&s)[kTiles][4],
                                               float (&m_run)[2 * kTiles],
                                               float (&l_run)[2 * kTiles], float& unit,
                                               float& inv_unit, float (&o)[kTiles][8][4],
-                                              uint32_t (&pb)[kTiles][2]) {
+                                              uint32_t (&pb)[kTiles][2],
+                                              float (&page_sum)[2 * kTiles]) {
   float vs[2];
   const bool rescale = ScaleLogits<kTiles>(p, pg, g, logit_scale, m_run, s, vs);
   Rescale<kTiles>(rescale, vs, s, m_run, l_run, unit, inv_unit, o);
-  Probabilities<kTiles>(vs, s, m_run, l_run, inv_unit, pb);
+  Probabilities<kTiles>(vs, s, m_run, l_run, inv_unit, pb, page_sum);
 }
 
 // PV: O^T += V^T P^T over the page's 16 tokens (8 tiles of 16 dims per query-head tile).

@@ -63,9 +63,6 @@ absl::Status CheckFusedCall(const PagedLayer& kv, const TableExtent& extent,
   if (!outputs.logits.empty()) {
     return absl::InvalidArgumentError("the fused decode kernel does not return logits");
   }
-  if (!outputs.page_weight.empty()) {
-    return absl::UnimplementedError("the fused decode kernel does not return page weights yet");
-  }
   if (extent.batch > gpu::kDecodeMaxBatch) {
     return absl::InvalidArgumentError(
         absl::StrCat("a batch of ", extent.batch, " sequences; the fused decode kernel attends at ",
@@ -136,6 +133,14 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
       gpu::DecodeWorkspaceFloats(batch, queries.num_q_heads, split.num_splits);
   if (workspace > 0) {
     KVTIER_ASSIGN_OR_RETURN(p.workspace, buffers.Allocate<float>(static_cast<size_t>(workspace)));
+  }
+  if (!outputs.page_weight.empty()) {
+    // Sized for the tables' capacity, so that a captured call replays over grown tables; per
+    // call (stream-ordered, capturable), so that calls on several streams never share it.
+    const int64_t page_lse = gpu::PageLseFloats(static_cast<int64_t>(tables.packed_capacity()),
+                                                queries.num_q_heads);
+    KVTIER_ASSIGN_OR_RETURN(p.page_lse, buffers.Allocate<float>(static_cast<size_t>(page_lse)));
+    p.page_weight = outputs.page_weight.data();
   }
   KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchPagedDecode(p, stream));
   return Finish(stream, launch);

@@ -10,7 +10,9 @@
 //   - decode attention: the streaming read roof (4 GiB), and the fused decode kernel for FP16,
 //     FP8, NVFP4 and the balanced mix over batch {1, 8, 64, 256} x context {1K, 8K, 32K, 128K},
 //     8 KV / 32 query heads, head_dim 128, 16-token pages in shuffled order, reported as bytes
-//     read (K/V rows, micro-scales, scales) over time against the read roof.
+//     read (K/V rows, micro-scales, scales) over time against the read roof; at batch 64 x 32K
+//     and batch 1 x 128K also with page weights (`..._page_weight`), as a cache with rotated
+//     keys runs it (`..._rotated`), and both (`..._rotated_page_weight`), in the same run.
 // Usage: kvtier_gpu_bench OUT.json [--decode-only | --only CASE BATCH CONTEXT]
 //   --decode-only skips migration and append; --only times one decode shape and the read roof
 //   alone (for profilers), e.g. `--only fp8_e4m3_block_head 64 8192`.
@@ -362,11 +364,60 @@ int BalancedFormat(int64_t page, int64_t pages) {
   return page >= pages - 16 - 128 ? 1 : 2;
 }
 
+// How a decode row runs: as a cache with rotated keys (Options::key_rotation) runs it, the
+// queries first rotated by LaunchRotateRows as CudaDecodeAttention does; and with page weights
+// (PagedDecodeParams::page_weight: the page LSEs, then the weights kernel). The library also
+// takes the rotated queries' and the page LSEs' buffers from the stream-ordered allocator per
+// call; that host work is not timed here.
+struct DecodeVariant {
+  const char* suffix;  // of the row's name
+  bool rotated;
+  bool page_weight;
+};
+constexpr DecodeVariant kPlain = {"", false, false};
+
+// Median milliseconds of the variant of launch p (prepared by Decode; `entries` packed pages).
+double TimeDecode(cudaStream_t stream, gpu::PagedDecodeParams p, const DecodeVariant& v,
+                  int64_t entries, int runs) {
+  constexpr int kQHeads = 32, kD = 128;
+  const int64_t rows = static_cast<int64_t>(p.batch) * kQHeads;
+  void *d_rotated = nullptr, *d_page_lse = nullptr, *d_weight = nullptr;
+  gpu::RotateRowsParams r;
+  if (v.rotated) {
+    CHECK_CUDA(cudaMalloc(&d_rotated, rows * kD * 4));
+    r.in = p.q;
+    r.in_type = gpu::RotateInput::kFp32;
+    r.out = static_cast<float*>(d_rotated);
+    r.num_rows = rows;
+    r.head_dim = kD;
+    r.heads = kQHeads;
+    r.group = kQHeads / p.num_kv_heads;
+    r.seed = 0x5EED;
+    p.q = r.out;
+  }
+  if (v.page_weight) {
+    CHECK_CUDA(cudaMalloc(&d_page_lse, gpu::PageLseFloats(entries, kQHeads) * 4));
+    CHECK_CUDA(cudaMalloc(&d_weight, entries * 4));
+    CHECK_CUDA(cudaMemsetAsync(d_weight, 0, entries * 4, stream));
+    p.page_lse = static_cast<float*>(d_page_lse);
+    p.page_weight = static_cast<float*>(d_weight);  // max-accumulated over the runs, as layers
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  const double ms = MedianMs(stream, 3, runs, 1, [&] {
+    if (v.rotated) CHECK_CUDA(gpu::LaunchRotateRows(r, stream));
+    CHECK_CUDA(gpu::LaunchPagedDecode(p, stream));
+  });
+  for (void* ptr : {d_rotated, d_page_lse, d_weight}) CHECK_CUDA(cudaFree(ptr));
+  return ms;
+}
+
 // Times one launch of the fused decode kernel (with its split merge) over `batch` sequences of
-// `context` tokens, 32 query and 8 KV heads, head_dim 128, pages in shuffled order. Returns
-// false (and times nothing) when the pools would exceed `max_bytes`.
+// `context` tokens, 32 query and 8 KV heads, head_dim 128, pages in shuffled order, once per
+// variant (same pages and queries; the row's bytes are the K/V bytes read). Returns false (and
+// times nothing) when the pools would exceed `max_bytes`.
 bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64_t context,
-            size_t max_bytes, std::vector<Result>* out) {
+            size_t max_bytes, const std::vector<DecodeVariant>& variants,
+            std::vector<Result>* out) {
   constexpr int kKvHeads = 8, kQHeads = 32, kD = 128, kTokens = 16;
   const int64_t pages = (context + kTokens - 1) / kTokens;
   const size_t formats = dc.palette.size();
@@ -446,13 +497,14 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
   p.num_splits = split.num_splits;
   p.pages_per_split = split.pages_per_split;
   p.workspace = static_cast<float*>(d_work);
-  CHECK_CUDA(cudaStreamSynchronize(stream));
   const int runs = read > 4e9 ? 10 : 30;
-  const double ms = MedianMs(stream, 3, runs, 1, [&] { CHECK_CUDA(gpu::LaunchPagedDecode(p, stream)); });
-  char name[128];
-  std::snprintf(name, sizeof(name), "decode_%s_b%d_ctx%lldk_splits%d", dc.name, batch,
-                static_cast<long long>(context / 1024), split.num_splits);
-  out->push_back({name, read, ms});
+  for (const DecodeVariant& v : variants) {
+    const double ms = TimeDecode(stream, p, v, static_cast<int64_t>(packed.size()), runs);
+    char name[160];
+    std::snprintf(name, sizeof(name), "decode_%s_b%d_ctx%lldk_splits%d%s", dc.name, batch,
+                  static_cast<long long>(context / 1024), split.num_splits, v.suffix);
+    out->push_back({name, read, ms});
+  }
   for (void* ptr : pools) CHECK_CUDA(cudaFree(ptr));
   for (void* ptr : {d_indptr, d_packed, d_lens, d_q, d_out, d_lse, d_work}) CHECK_CUDA(cudaFree(ptr));
   return true;
@@ -526,12 +578,19 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  // At batch 64 x 32K and batch 1 x 128K, each case also as a cache with rotated keys and with
+  // page weights would run it, next to the plain row.
+  const std::vector<DecodeVariant> all_variants = {kPlain,
+                                                   {"_page_weight", false, true},
+                                                   {"_rotated", true, false},
+                                                   {"_rotated_page_weight", true, true}};
   for (int batch : batches) {
     for (int64_t context : contexts) {
+      const bool variants = (batch == 64 && context == 32768) || (batch == 1 && context == 131072);
       for (const DecodeCase& dc : cases) {
         if (only && argv[3] != std::string(dc.name)) continue;
         if (!Decode(stream, prop.multiProcessorCount, dc, batch, context, size_t{48} << 30,
-                    &decodes)) {
+                    variants ? all_variants : std::vector<DecodeVariant>{kPlain}, &decodes)) {
           std::printf("skipped decode %s batch %d x %lld tokens: over 48 GiB of pages\n", dc.name,
                       batch, static_cast<long long>(context));
         }

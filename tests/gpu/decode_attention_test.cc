@@ -3,14 +3,16 @@
 // every format of the palettes below mixed within sequences, GQA groups 1 to 16, batch 1 to
 // 256, contexts 1 to 128K tokens (split-KV), ragged lengths and empty sequences. Tolerances are
 // the ones docs/attention.md states. Also: NaN and infinite queries (NaN where the reference is
-// NaN), the LSE merge kernel against MergeStates, and the kernel's refusals. Every comparison
-// also attends the step prepared once (PreparedDecode) and requires the same bits.
+// NaN), the page weights (DecodeOutputs::page_weight) against the reference's, the LSE merge
+// kernel against MergeStates, and the kernel's refusals. Every comparison also attends the step
+// prepared once (PreparedDecode) and requires the same bits.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -227,32 +229,52 @@ TEST(DecodeAttentionTest, Batch256Ragged) {
   EXPECT_EQ(Compare(*pair, seqs, 4, &rng), "");
 }
 
+// The policy's shape (NVFP4 old, FP8 middle, FP16 recent and sink) in `layers` layers.
+Options PolicyShapeOptions(int layers, int64_t budget_mib) {
+  return PaletteOptions(Geometry{layers, 8, 128, 16},
+                        {"fp16", "fp8_e4m3/block_head",
+                         "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
+                        budget_mib);
+}
+
+// Adds sequences of `lengths` with random K/V to a pair of PolicyShapeOptions and demotes them
+// to that shape: the first block and the last 16 stay FP16, the 128 before them FP8, the rest
+// NVFP4. Returns the sequences (none after a failure, which it reports).
+std::vector<SequenceId> FillPolicyShape(CachePair& pair, const std::vector<int64_t>& lengths,
+                                        std::mt19937* rng) {
+  std::vector<SequenceId> seqs;
+  for (size_t i = 0; i < lengths.size(); ++i) seqs.push_back(pair.AddSequence());
+  const absl::Status appended = pair.AppendBatch(seqs, lengths);
+  if (!appended.ok()) {
+    ADD_FAILURE() << appended;
+    return {};
+  }
+  pair.WriteAllLayers(rng, false);
+  std::vector<BlockId> warm, cold;
+  for (SequenceId s : seqs) {
+    const std::vector<BlockId> blocks = pair.gpu().SequenceBlocks(s).value();
+    const int64_t n = static_cast<int64_t>(blocks.size());
+    for (int64_t j = 1; j + 16 < n; ++j) (j + 128 < n ? cold : warm).push_back(blocks[j]);
+  }
+  if (!pair.Demote(warm, 1).ok() || !pair.Demote(cold, 2).ok()) {
+    ADD_FAILURE() << "Demote failed";
+    return {};
+  }
+  return seqs;
+}
+
 // Batch 1 and 3 at long context: split-KV with its merge, the policy shape (NVFP4 old, FP8
 // middle, FP16 recent and sink).
 TEST(DecodeAttentionTest, LongContextSplitKv) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(13);
   const int64_t context = TestScale(131072);
-  auto pair = CachePair::Create(
-                  MakeOptions({"fp16", "fp8_e4m3/block_head",
-                               "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
-                              2048))
-                  .value();
+  auto pair = CachePair::Create(PolicyShapeOptions(1, 2048)).value();
   for (int batch : {1, 3}) {
     std::vector<int64_t> lengths(batch, context);
     lengths.back() = context - 5;
-    std::vector<SequenceId> seqs;
-    for (int i = 0; i < batch; ++i) seqs.push_back(pair->AddSequence());
-    ASSERT_TRUE(pair->AppendBatch(seqs, lengths).ok());
-    pair->WriteAllLayers(&rng, false);
-    std::vector<BlockId> warm, cold;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      const std::vector<BlockId> blocks = pair->gpu().SequenceBlocks(seqs[i]).value();
-      const int64_t n = static_cast<int64_t>(blocks.size());
-      for (int64_t j = 1; j + 16 < n; ++j) (j + 128 < n ? cold : warm).push_back(blocks[j]);
-    }
-    ASSERT_TRUE(pair->Demote(warm, 1).ok());
-    ASSERT_TRUE(pair->Demote(cold, 2).ok());
+    const std::vector<SequenceId> seqs = FillPolicyShape(*pair, lengths, &rng);
+    if (seqs.empty()) return;
     EXPECT_EQ(Compare(*pair, seqs, 4, &rng), "") << "batch " << batch;
     for (SequenceId s : seqs) pair->Release(s);
     ASSERT_TRUE(pair->gpu().EndStep().ok());
@@ -271,6 +293,183 @@ TEST(DecodeAttentionTest, NanOrInfiniteQueriesGiveNanAsTheReference) {
     const std::vector<SequenceId> seqs = Fill(*pair, {1, 17, 300, TestScale(16384)}, &rng);
     for (int group : {1, 4, 16}) {
       EXPECT_EQ(Compare(*pair, seqs, group, &rng, /*specials=*/true), "") << "group " << group;
+    }
+  }
+}
+
+// A cache of `o` on `backend` holding one sequence of `tokens` tokens (K/V not written), and
+// its page tables.
+std::unique_ptr<Cache> OneSequence(Options o, BackendKind backend, int64_t tokens,
+                                   PageTables* tables) {
+  o.backend = backend;
+  std::unique_ptr<Cache> cache = Cache::Create(o).value();
+  const SequenceId seq = cache->AddSequence().value();
+  std::vector<int64_t> slots;
+  EXPECT_TRUE(cache->Append(seq, tokens, &slots).ok());
+  EXPECT_TRUE(cache->BuildPageTables({seq}, tables).ok());
+  return cache;
+}
+
+// Page weights (DecodeOutputs::page_weight): a page's weight is exp(page LSE - LSE), where the
+// kernel's LSE and its page LSE each carry the LSE error above (<= kLseTolerance), so it agrees
+// with the reference within a relative e^(2 kLseTolerance) - 1 ~ 1e-2; kWeightAbsTolerance covers
+// the weights too small for that to matter (FP32 rounding, the hardware exp2 and log2).
+constexpr double kWeightRelTolerance = 1e-2;
+constexpr double kWeightAbsTolerance = 1e-4;
+
+std::vector<float> Download(const DeviceBuffer& buffer, size_t floats) {
+  std::vector<float> host(floats);
+  cudaMemcpy(host.data(), buffer.data(), floats * sizeof(float), cudaMemcpyDeviceToHost);
+  return host;
+}
+
+// Attends layers 0 and 1, each with its own queries, collecting both layers' page weights in
+// one buffer per path: the reference on the CPU cache, the kernel over the tables and over a
+// prepared step on the CUDA cache. Returns "" when the kernel's weights agree with the
+// reference's, both paths give the same bits, and the outputs' bits are those of the same calls
+// without page weights. With `nan_heads`, every head of the first sequence and every fifth other
+// head hold a NaN query: the first sequence's pages must weigh exactly 0.
+std::string ComparePageWeights(CachePair& pair, const std::vector<SequenceId>& seqs, int group,
+                               std::mt19937* rng, bool nan_heads) {
+  const Geometry& g = pair.options().geometry;
+  const int q_heads = g.num_kv_heads * group;
+  const size_t rows = seqs.size() * q_heads, n = rows * g.head_dim;
+  const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
+  PageTables ct, gt;
+  if (!pair.cpu().BuildPageTables(seqs, &ct).ok() || !pair.gpu().BuildPageTables(seqs, &gt).ok()) {
+    return "BuildPageTables failed";
+  }
+  const size_t entries = ct.packed.size();
+  if (gt.packed.size() != entries) return "the caches' tables differ in size";
+  absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(pair.gpu(), gt);
+  if (!step.ok()) return absl::StrCat("prepare: ", step.status().ToString());
+  std::vector<float> want(entries, 0.f), ref_out(n), ref_lse(rows), q(n);
+  DeviceBuffer dq(n * 4), dout(n * 4), dlse(rows * 4), dw(entries * 4 + 4),
+      dw_step(entries * 4 + 4);
+  cudaMemset(dw.data(), 0, entries * 4);
+  cudaMemset(dw_step.data(), 0, entries * 4);
+  const DecodeQueries queries{absl::MakeConstSpan(static_cast<const float*>(dq.data()), n), q_heads,
+                              scale};
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int layer = 0; layer < 2; ++layer) {
+    for (float& x : q) x = normal(*rng);
+    for (size_t r = 0; nan_heads && r < rows; ++r) {
+      if (r < static_cast<size_t>(q_heads) || r % 5 == 2) q[r * g.head_dim + r % 7] = NAN;
+    }
+    DecodeOutputs ref{absl::MakeSpan(ref_out), absl::MakeSpan(ref_lse), {}, 0};
+    ref.page_weight = absl::MakeSpan(want);
+    absl::Status s = DecodeAttention(pair.cpu(), layer, ct, {q, q_heads, scale}, ref);
+    if (!s.ok()) return absl::StrCat("reference: ", s.ToString());
+    cudaMemcpy(dq.data(), q.data(), n * 4, cudaMemcpyHostToDevice);
+    DecodeOutputs out{absl::MakeSpan(static_cast<float*>(dout.data()), n),
+                      absl::MakeSpan(static_cast<float*>(dlse.data()), rows), {}, 0};
+    std::vector<float> plain[2], weighted[2];
+    for (int with_weights = 0; with_weights < 2; ++with_weights) {
+      if (with_weights) out.page_weight = absl::MakeSpan(static_cast<float*>(dw.data()), entries);
+      s = DecodeAttention(pair.gpu(), layer, gt, queries, out, {nullptr, true});
+      if (!s.ok()) return absl::StrCat("kernel: ", s.ToString());
+      std::vector<float>* got = with_weights ? weighted : plain;
+      got[0] = Download(dout, n), got[1] = Download(dlse, rows);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const std::string diff = CompareFloats(plain[i], weighted[i]);
+      if (!diff.empty()) return absl::StrCat("layer ", layer, ": page weights change ", diff);
+    }
+    out.page_weight = absl::MakeSpan(static_cast<float*>(dw_step.data()), entries);
+    s = DecodeAttention(pair.gpu(), layer, *step, queries, out, {nullptr, true});
+    if (!s.ok()) return absl::StrCat("kernel, prepared: ", s.ToString());
+  }
+  const std::vector<float> got = Download(dw, entries);
+  const std::string diff = CompareFloats(got, Download(dw_step, entries));
+  if (!diff.empty()) return absl::StrCat("the prepared step's weights differ: ", diff);
+  double worst_abs = 0, worst_rel = 0;
+  for (size_t e = 0; e < entries; ++e) {
+    const double err = std::fabs(static_cast<double>(got[e]) - want[e]);
+    if (!(got[e] >= 0.f && got[e] <= 1.f) ||
+        !(err <= kWeightAbsTolerance + kWeightRelTolerance * want[e])) {
+      return absl::StrCat("entry ", e, ": weight ", got[e], ", reference ", want[e]);
+    }
+    worst_abs = std::max(worst_abs, err);
+    if (want[e] > 1e-3) worst_rel = std::max(worst_rel, err / want[e]);
+  }
+  for (int32_t e = ct.packed_indptr[0]; nan_heads && e < ct.packed_indptr[1]; ++e) {
+    if (got[e] != 0.f || want[e] != 0.f) {
+      return absl::StrCat("entry ", e, " of an all-NaN sequence weighs ", got[e], " (reference ",
+                          want[e], ")");
+    }
+  }
+  std::printf("    %zu pages, group %d: worst page weight error %.2e (relative %.2e above 1e-3)\n",
+              entries, group, worst_abs, worst_rel);
+  return "";
+}
+
+// A mixed-format palette, GQA groups, ragged lengths (short, long enough to split), both
+// layers max-accumulated into one buffer, with and without NaN query heads.
+TEST(DecodeAttentionTest, PageWeightsMatchTheReference) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  for (int palette : {0, 1}) {
+    SCOPED_TRACE(absl::StrJoin(Palettes()[palette], " "));
+    auto pair = CachePair::Create(PaletteOptions(Geometry{2, 8, 128, 16}, Palettes()[palette], 512))
+                    .value();
+    const std::vector<SequenceId> seqs =
+        Fill(*pair, {300, 1, 17, 16, 100, 0, 2049, 5000, TestScale(16384)}, &rng);
+    for (int group : {1, 4, 8, 16}) {
+      for (bool nan_heads : {false, true}) {
+        EXPECT_EQ(ComparePageWeights(*pair, seqs, group, &rng, nan_heads), "")
+            << "group " << group << (nan_heads ? ", NaN heads" : "");
+      }
+    }
+  }
+}
+
+// Batch 1 and 2 at long context, the policy's shape: split-KV (page LSEs from many splits,
+// weights after the merge).
+TEST(DecodeAttentionTest, PageWeightsSplitKv) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(37);
+  auto pair = CachePair::Create(PolicyShapeOptions(2, 3072)).value();
+  const int64_t context = TestScale(131072);
+  for (int batch : {1, 2}) {
+    std::vector<int64_t> lengths(batch, context);
+    lengths.back() = context - 9;
+    const std::vector<SequenceId> seqs = FillPolicyShape(*pair, lengths, &rng);
+    if (seqs.empty()) return;
+    for (int group : {4, 8}) {
+      EXPECT_EQ(ComparePageWeights(*pair, seqs, group, &rng, /*nan_heads=*/batch == 2), "")
+          << "batch " << batch << ", group " << group;
+    }
+    for (SequenceId s : seqs) pair->Release(s);
+    ASSERT_TRUE(pair->gpu().EndStep().ok());
+    ASSERT_TRUE(pair->cpu().EndStep().ok());
+  }
+}
+
+// A page_weight span of other than one float per packed entry: InvalidArgument on both
+// backends, over the tables and over a prepared step (the CPU backend runs without a GPU).
+TEST(DecodeAttentionTest, PageWeightOfTheWrongSizeIsRefused) {
+  std::vector<BackendKind> backends = {BackendKind::kCpu};
+  if (GpuStatus().ok()) backends.push_back(BackendKind::kCuda);
+  for (BackendKind backend : backends) {
+    PageTables t;
+    const std::unique_ptr<Cache> cache = OneSequence(MakeOptions({"fp16"}, 64), backend, 40, &t);
+    const int q_heads = 8, d = 128;
+    const size_t entries = t.packed.size();  // 3
+    DeviceBuffer device(backend == BackendKind::kCuda ? (q_heads * d * 3 + q_heads + 8) * 4 : 0);
+    std::vector<float> host(backend == BackendKind::kCpu ? q_heads * d * 3 + q_heads + 8 : 0, 0.f);
+    float* base = backend == BackendKind::kCuda ? static_cast<float*>(device.data()) : host.data();
+    const DecodeQueries queries{absl::MakeConstSpan(base, q_heads * d), q_heads, 0.088f};
+    for (size_t size : {entries - 1, entries + 1}) {
+      DecodeOutputs out{absl::MakeSpan(base + q_heads * d, q_heads * d),
+                        absl::MakeSpan(base + 2 * q_heads * d, q_heads), {}, 0};
+      out.page_weight = absl::MakeSpan(base + 2 * q_heads * d + q_heads, size);
+      const absl::Status s = DecodeAttention(*cache, 0, t, queries, out);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
+          << (backend == BackendKind::kCpu ? "cpu" : "cuda") << ", " << size << ": " << s;
+      absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(*cache, t);
+      ASSERT_TRUE(step.ok()) << step.status();
+      const absl::Status prepared = DecodeAttention(*cache, 0, *step, queries, out);
+      EXPECT_EQ(prepared.code(), absl::StatusCode::kInvalidArgument) << prepared;
     }
   }
 }
@@ -354,9 +553,10 @@ TEST(DecodeAttentionTest, PreparedStepReadFromOtherStreams) {
 }
 
 // A decode step captured in a CUDA graph on the engine's stream (attention over a prepared step
-// made with room to grow, then a merge with a second state), replayed for 32 steps with a new
-// token per sequence (Append and WriteKV outside the graph, PreparedDecode::Update before each
-// replay): the same bits as the same calls uncaptured, and as a step freshly made.
+// made with room to grow, with page weights, then a merge with a second state), replayed for 32
+// steps with a new token per sequence (Append and WriteKV outside the graph,
+// PreparedDecode::Update before each replay): the same bits as the same calls uncaptured, and as
+// a step freshly made.
 TEST(DecodeAttentionTest, CapturedStepReplaysWithNewTokens) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(29);
@@ -386,21 +586,30 @@ TEST(DecodeAttentionTest, CapturedStepReplaysWithNewTokens) {
     return absl::MakeSpan(static_cast<float*>(b.data()), size);
   };
   const DecodeQueries queries{span(dq, n), q_heads, 0.088f};
-  const DecodeOutputs outputs{span(out, n), span(lse, rows), {}, 0};
+  // Page weights, zeroed by each step (captured too); room for the tables' growth.
+  const size_t most_entries = seqs.size() * max_pages;
+  DeviceBuffer weights(most_entries * 4);
   auto enqueue = [&](const PreparedDecode& s) {
+    DecodeOutputs outputs{span(out, n), span(lse, rows), {}, 0};
+    outputs.page_weight = span(weights, tables.packed.size());
+    if (cudaMemsetAsync(weights.data(), 0, most_entries * 4, stream) != cudaSuccess) {
+      return absl::InternalError("cudaMemsetAsync");
+    }
     const absl::Status attended = DecodeAttention(pair->gpu(), 0, s, queries, outputs, {stream});
     if (!attended.ok()) return attended;
     return MergeStatesOn(BackendKind::kCuda, span(out, n), span(lse, rows), span(other, n),
                          span(other_lse, rows), static_cast<int64_t>(rows), dim,
                          span(merged, n), span(merged_lse, rows), {stream});
   };
-  auto results = [&] {  // the attention's and the merge's outputs and LSEs
-    std::vector<float> r(2 * (n + rows));
+  auto results = [&] {  // the attention's and the merge's outputs and LSEs, the page weights
+    std::vector<float> r(2 * (n + rows) + most_entries);
     EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     cudaMemcpy(r.data(), out.data(), n * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(r.data() + n, lse.data(), rows * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(r.data() + n + rows, merged.data(), n * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(r.data() + 2 * n + rows, merged_lse.data(), rows * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(r.data() + 2 * (n + rows), weights.data(), most_entries * 4,
+               cudaMemcpyDeviceToHost);
     return r;
   };
   ASSERT_TRUE(enqueue(*step).ok());  // one-time setup (the kernels' shared memory limit)
@@ -494,14 +703,9 @@ TEST(DecodeAttentionTest, MergeKernelMatchesMergeStates) {
 
 TEST(DecodeAttentionTest, RefusesWhatItCannotRead) {
   KVTIER_REQUIRE_GPU();
-  auto expect_refused = [](Options o, int q_heads, const std::string& why) {
-    o.backend = BackendKind::kCuda;
-    auto cache = Cache::Create(o).value();
-    const SequenceId s = cache->AddSequence().value();
-    std::vector<int64_t> slots;
-    ASSERT_TRUE(cache->Append(s, 20, &slots).ok());
+  auto expect_refused = [](const Options& o, int q_heads, const std::string& why) {
     PageTables t;
-    ASSERT_TRUE(cache->BuildPageTables({s}, &t).ok());
+    const std::unique_ptr<Cache> cache = OneSequence(o, BackendKind::kCuda, 20, &t);
     const int d = o.geometry.head_dim;
     DeviceBuffer q(q_heads * d * 4), out(q_heads * d * 4), lse(q_heads * 4);
     const absl::Status st = DecodeAttention(
