@@ -98,7 +98,7 @@ std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int gr
   }
   Outputs ref{std::vector<float>(rows * g.head_dim), std::vector<float>(rows)};
   absl::Status s = DecodeAttention(pair.cpu(), 0, ct, {q, q_heads, scale},
-                                   {absl::MakeSpan(ref.out), absl::MakeSpan(ref.lse), {}, 0});
+                                   {absl::MakeSpan(ref.out), absl::MakeSpan(ref.lse), {}, 0, {}});
   if (!s.ok()) return absl::StrCat("reference: ", s.ToString());
 
   DeviceBuffer dq, dout(rows * g.head_dim * 4), dlse(rows * 4);
@@ -108,7 +108,7 @@ std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int gr
   const DecodeQueries device_q{absl::MakeConstSpan(static_cast<const float*>(dq.data()), q.size()),
                                q_heads, scale};
   const DecodeOutputs device_out{absl::MakeSpan(out, rows * g.head_dim), absl::MakeSpan(lse, rows),
-                                 {}, 0};
+                                 {}, 0, {}};
   s = DecodeAttention(pair.gpu(), 0, gt, device_q, device_out, {nullptr, true});
   if (!s.ok()) return absl::StrCat("kernel: ", s.ToString());
   Outputs got{std::vector<float>(rows * g.head_dim), std::vector<float>(rows)};
@@ -356,13 +356,13 @@ std::string ComparePageWeights(CachePair& pair, const std::vector<SequenceId>& s
     for (size_t r = 0; nan_heads && r < rows; ++r) {
       if (r < static_cast<size_t>(q_heads) || r % 5 == 2) q[r * g.head_dim + r % 7] = NAN;
     }
-    DecodeOutputs ref{absl::MakeSpan(ref_out), absl::MakeSpan(ref_lse), {}, 0};
-    ref.page_weight = absl::MakeSpan(want);
+    const DecodeOutputs ref{absl::MakeSpan(ref_out), absl::MakeSpan(ref_lse), {}, 0,
+                            absl::MakeSpan(want)};
     absl::Status s = DecodeAttention(pair.cpu(), layer, ct, {q, q_heads, scale}, ref);
     if (!s.ok()) return absl::StrCat("reference: ", s.ToString());
     cudaMemcpy(dq.data(), q.data(), n * 4, cudaMemcpyHostToDevice);
     DecodeOutputs out{absl::MakeSpan(static_cast<float*>(dout.data()), n),
-                      absl::MakeSpan(static_cast<float*>(dlse.data()), rows), {}, 0};
+                      absl::MakeSpan(static_cast<float*>(dlse.data()), rows), {}, 0, {}};
     std::vector<float> plain[2], weighted[2];
     for (int with_weights = 0; with_weights < 2; ++with_weights) {
       if (with_weights) out.page_weight = absl::MakeSpan(static_cast<float*>(dw.data()), entries);
@@ -460,9 +460,9 @@ TEST(DecodeAttentionTest, PageWeightOfTheWrongSizeIsRefused) {
     float* base = backend == BackendKind::kCuda ? static_cast<float*>(device.data()) : host.data();
     const DecodeQueries queries{absl::MakeConstSpan(base, q_heads * d), q_heads, 0.088f};
     for (size_t size : {entries - 1, entries + 1}) {
-      DecodeOutputs out{absl::MakeSpan(base + q_heads * d, q_heads * d),
-                        absl::MakeSpan(base + 2 * q_heads * d, q_heads), {}, 0};
-      out.page_weight = absl::MakeSpan(base + 2 * q_heads * d + q_heads, size);
+      const DecodeOutputs out{absl::MakeSpan(base + q_heads * d, q_heads * d),
+                              absl::MakeSpan(base + 2 * q_heads * d, q_heads), {}, 0,
+                              absl::MakeSpan(base + 2 * q_heads * d + q_heads, size)};
       const absl::Status s = DecodeAttention(*cache, 0, t, queries, out);
       EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
           << (backend == BackendKind::kCpu ? "cpu" : "cuda") << ", " << size << ": " << s;
@@ -510,7 +510,7 @@ TEST(DecodeAttentionTest, PreparedStepReadFromOtherStreams) {
     explicit Result(size_t rows) : out(rows * 128 * 4), lse(rows * 4) {}
     DecodeOutputs View(size_t rows) {
       return {absl::MakeSpan(static_cast<float*>(out.data()), rows * 128),
-              absl::MakeSpan(static_cast<float*>(lse.data()), rows), {}, 0};
+              absl::MakeSpan(static_cast<float*>(lse.data()), rows), {}, 0, {}};
     }
     std::vector<float> Get(size_t rows) const {
       std::vector<float> host(rows * 129);
@@ -590,8 +590,8 @@ TEST(DecodeAttentionTest, CapturedStepReplaysWithNewTokens) {
   const size_t most_entries = seqs.size() * max_pages;
   DeviceBuffer weights(most_entries * 4);
   auto enqueue = [&](const PreparedDecode& s) {
-    DecodeOutputs outputs{span(out, n), span(lse, rows), {}, 0};
-    outputs.page_weight = span(weights, tables.packed.size());
+    const DecodeOutputs outputs{span(out, n), span(lse, rows), {}, 0,
+                                span(weights, tables.packed.size())};
     if (cudaMemsetAsync(weights.data(), 0, most_entries * 4, stream) != cudaSuccess) {
       return absl::InternalError("cudaMemsetAsync");
     }
@@ -711,7 +711,7 @@ TEST(DecodeAttentionTest, RefusesWhatItCannotRead) {
     const absl::Status st = DecodeAttention(
         *cache, 0, t, {absl::MakeConstSpan(static_cast<const float*>(q.data()), q_heads * d), q_heads, 1.f},
         {absl::MakeSpan(static_cast<float*>(out.data()), q_heads * d),
-         absl::MakeSpan(static_cast<float*>(lse.data()), q_heads), {}, 0});
+         absl::MakeSpan(static_cast<float*>(lse.data()), q_heads), {}, 0, {}});
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_NE(st.message().find(why), std::string::npos) << st;
   };
