@@ -219,6 +219,8 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
   InitState<kTiles>(m_run, l_run, o);
 
   PageRing ring = RingOf(p, smem, k);
+  PageLseStore page_lse{};
+  if constexpr (kPageWeights) page_lse = PageLseStoreOf(p, k, ring.first);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) ring.Stage(p, k.kv_head, i, i);
   for (int i = 0, slot = 0; i < ring.count; ++i, slot = slot == kStages - 1 ? 0 : slot + 1) {
@@ -232,9 +234,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     float page_sum[2 * kTiles];
     OnlineSoftmax<kTiles>(p, pg, k.g, logit_scale, s, m_run, l_run, unit, inv_unit, o, pb,
                           page_sum);
-    if constexpr (kPageWeights) {
-      StorePageLse<kTiles>(p, k, ring.first + i * kWarps, m_run, page_sum);
-    }
+    if constexpr (kPageWeights) StorePageLse<kTiles>(page_lse, k, m_run, page_sum);
     AccumulateValues<kTiles>(pg, k.g, k.c, pb, o);
     __syncwarp();  // the buffer is refilled by the next iteration's Stage()
   }

@@ -17,30 +17,53 @@
 namespace kvtier::gpu {
 namespace attention {
 
-// log2(x) by the hardware approximation (-inf for 0).
+// log2(x) by the hardware approximation; -inf for 0 and for subnormals (a page whose sum relative
+// to the running maximum is that small weighs under 2^-126: the maximum is at most the LSE).
 __device__ __forceinline__ float Log2(float x) {
   float y;
-  asm("lg2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 
-// Stores the page LSE (log2 units) of the warp's page `page` of the block's sequence for each
-// query head of its group: m_run (the heads' running maxima, equal across a column of lanes)
-// plus log2 of page_sum (each lane's share of the page's sum relative to m_run, from
-// Probabilities) summed over the column. Lane (g, c) holds heads 8t + 2c (+1), as StoreWarpState.
-// REQUIRES: p.page_lse; every lane of the warp calls it.
+// Where a warp's page LSEs go (log2 units, page_lse[entry * num_q_heads + head]): lane (g, c)
+// ends StorePageLse with the sum of query head 8t + 2c + (g >= 4 ? 1 : 0) of its group, and the
+// lanes g = 0 and g = 4 store it.
+struct PageLseStore {
+  float* next;     // this lane's head (tile 0) in the warp's next page
+  int64_t stride;  // floats from one of the warp's pages to its next
+};
+
+__device__ __forceinline__ PageLseStore PageLseStoreOf(const PagedDecodeParams& p,
+                                                       const DecodeBlock& k, int first_page) {
+  const int head = k.kv_head * k.group + 2 * k.c + (k.g >= 4 ? 1 : 0);
+  return {p.page_lse + (static_cast<int64_t>(k.first_entry) + first_page) * p.num_q_heads + head,
+          static_cast<int64_t>(kWarps) * p.num_q_heads};
+}
+
+// Stores the page LSE of the warp's next page for each query head of its group, and moves `out`
+// to the page after: m_run (the heads' running maxima, equal across a column of lanes) plus log2
+// of page_sum (each lane's share of the page's sum relative to m_run, from Probabilities) summed
+// over the column. Lane (g, c) holds heads 8t + 2c and 8t + 2c + 1, as StoreWarpState; the
+// column's two sums take three shuffles: the lanes g < 4 and g >= 4 first swap halves, so that
+// the former end with head 8t + 2c's sum and the latter with head 8t + 2c + 1's.
+// REQUIRES: every lane of the warp calls it.
 template <int kTiles>
-__device__ __forceinline__ void StorePageLse(const PagedDecodeParams& p, const DecodeBlock& k,
-                                             int page, const float (&m_run)[2 * kTiles],
+__device__ __forceinline__ void StorePageLse(PageLseStore& out, const DecodeBlock& k,
+                                             const float (&m_run)[2 * kTiles],
                                              const float (&page_sum)[2 * kTiles]) {
-  float* row = p.page_lse + (static_cast<int64_t>(k.first_entry) + page) * p.num_q_heads +
-               k.kv_head * k.group;
+  const bool odd = k.g >= 4;
 #pragma unroll
-  for (int h = 0; h < 2 * kTiles; ++h) {
-    const float sum = ReduceOverG<false>(page_sum[h]);
-    const int head = 8 * (h / 2) + 2 * k.c + h % 2;
-    if (k.g == 0 && head < k.group) row[head] = m_run[h] + Log2(sum);
+  for (int t = 0; t < kTiles; ++t) {
+    const float even_sum = page_sum[2 * t], odd_sum = page_sum[2 * t + 1];
+    float sum = (odd ? odd_sum : even_sum) +
+                __shfl_xor_sync(0xFFFFFFFFu, odd ? even_sum : odd_sum, 16);
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 4);
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 8);
+    if ((k.g & 3) == 0 && 8 * t + 2 * k.c + (odd ? 1 : 0) < k.group) {
+      out.next[8 * t] = (odd ? m_run[2 * t + 1] : m_run[2 * t]) + Log2(sum);
+    }
   }
+  out.next += out.stride;
 }
 
 }  // namespace attention
