@@ -96,7 +96,7 @@ std::vector<FormatSpec> PolicyPalette(const Policy& p) {
 }
 
 std::vector<std::string> PolicyPresetNames() {
-  return {"fp16", "fp8", "balanced", "max_capacity", "balanced_rot"};
+  return {"fp16", "fp8", "balanced", "max_capacity", "balanced_rot", "attentive"};
 }
 
 KeyRotation PresetKeyRotation(absl::string_view name) {
@@ -112,6 +112,12 @@ absl::StatusOr<Policy> PolicyPreset(absl::string_view name) {
   if (name == "balanced_rot") {  // with Options::key_rotation = kHadamard
     return MakePreset("balanced_rot",
                       {{"fp16", 256}, {"fp8_e4m3/block_head", 2048}, {"nvfp4/block_head", -1}}, 4);
+  }
+  if (name == "attentive") {  // needs Cache::RecordAttention reports (docs/policies.md)
+    Policy p = MakePreset("attentive",
+                          {{"fp16", 128}, {"fp8_e4m3/block_head", 1024}, {kNvfp4Kv, -1}}, 4);
+    p.attention_keep_ratio = 32;
+    return p;
   }
   if (name == "max_capacity") return MakePreset("max_capacity", {{"fp16", 16}, {kNvfp4Kv, -1}}, 4);
   return absl::NotFoundError(absl::StrCat("no policy preset '", name, "' (",

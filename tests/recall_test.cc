@@ -187,10 +187,37 @@ TEST(RecallArmsTest, PolicyArmPlacesBlocksAsThePolicyDoes) {
   }
   EXPECT_EQ(policies, (std::vector<std::string>{
                           "policy:fp8", "policy:balanced", "policy:max_capacity",
-                          "policy:balanced_rot", "policy:balanced+rot", "policy:max_capacity+rot"}));
+                          "policy:balanced_rot", "policy:attentive", "policy:balanced+rot",
+                          "policy:max_capacity+rot"}));
   for (const Arm& a : standard) {  // rotated: the "+rot" arms and the preset meant for it
     const bool rotated = a.name.find("+rot") != std::string::npos || a.name == "policy:balanced_rot";
     EXPECT_EQ(a.key_rotation, rotated ? KeyRotation::kHadamard : KeyRotation::kNone) << a.name;
+  }
+}
+
+// The attentive preset observes the prompt: the blocks of the needles (which their queries
+// single out) stay in FP8 while the haystack around them ages into NVFP4; without the rule
+// (attention_keep_ratio 0) they go with it.
+TEST(RecallArmsTest, AttentiveArmKeepsTheNeedlesBlocksOneTierHotter) {
+  const GeneratorOptions g = SmallGenerator();
+  const Trial t = *GenerateTrial(g, 3000, {0.25, 0.5}, 9);
+  Policy plain = *PolicyPreset("attentive");
+  plain.name = "plain";
+  plain.attention_keep_ratio = 0;
+  for (const Policy& p : {*PolicyPreset("attentive"), plain}) {
+    const Arm arm = PolicyArm(p);
+    EXPECT_EQ(arm.observe_prompt, p.attention_keep_ratio > 0);
+    auto runner = ArmRunner::Create(arm, t.kv_heads, t.head_dim, 3000, 1024);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    ArmRunner::Result r;
+    ASSERT_TRUE((*runner)->Run(t, false, &r).ok()) << arm.name;  // placement checked inside
+    int cold = 0;
+    for (int f : r.block_formats) cold += f == 2;
+    EXPECT_GT(cold, 100) << arm.name;  // of 187 full blocks, those older than 1024 tokens
+    for (int64_t needle : t.needle) {
+      EXPECT_EQ(r.block_formats[needle / 16], arm.observe_prompt ? 1 : 2)
+          << arm.name << ": needle at " << needle;
+    }
   }
 }
 
@@ -502,6 +529,8 @@ TEST(RecallCommandTest, BadFlagsExitWith2) {
   EXPECT_EQ(RunTool({"recall", "--contexts", "4k,1k"}), 2);
   EXPECT_EQ(RunTool({"recall", "--contexts", "16"}), 2);  // too short for the needles
   EXPECT_EQ(RunTool({"recall", "--arm", "no-such-arm"}), 2);
+  EXPECT_EQ(RunTool({"recall", "--policy", "/nonexistent/policy.json"}), 2);
+  EXPECT_EQ(RunTool({"recall", "--policy", "no-such-preset"}), 2);
   EXPECT_EQ(RunTool({"recall", "--trials"}), 2);
   EXPECT_EQ(RunTool({"recall", "--depths", "0,150"}), 2);
   EXPECT_EQ(RunTool({"recall", "--head-dim", "40"}), 2);

@@ -7,6 +7,7 @@
 #include "kvtier/reference_attention.h"
 #include "src/attention/reference_attention.h"
 #include "src/relative_error.h"
+#include "src/status_macros.h"
 
 namespace kvtier::tool {
 namespace {
@@ -61,6 +62,7 @@ Arm PolicyArm(const Policy& policy) {
   arm.policy = policy;
   arm.policy->pressure_watermark = 0;
   arm.key_rotation = PresetKeyRotation(policy.name);
+  arm.observe_prompt = policy.attention_keep_ratio > 0;
   return arm;
 }
 
@@ -113,8 +115,11 @@ absl::StatusOr<std::unique_ptr<ArmRunner>> ArmRunner::Create(const Arm& arm, int
   }
   // Room for the whole trial in FP16 plus a chunk, and one slab per format for rounding.
   const size_t fp16_token = static_cast<size_t>(kv_heads) * head_dim * 2 * 2;
-  const size_t need = fp16_token * static_cast<size_t>(max_length + 2 * chunk_tokens + 64) +
-                      o.slab_bytes * (2 * arm.palette.size() + 2);
+  size_t need = fp16_token * static_cast<size_t>(max_length + 2 * chunk_tokens + 64) +
+                o.slab_bytes * (2 * arm.palette.size() + 2);
+  // Aging a whole observed prompt at once: the FP16 slabs stay mapped while the blocks kept hot
+  // are scattered over them, so the colder copies need room of their own.
+  if (arm.observe_prompt) need += fp16_token * static_cast<size_t>(max_length) / 2;
   o.memory_budget_bytes = (need + o.slab_bytes - 1) / o.slab_bytes * o.slab_bytes;
   absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
   absl::Status status = cache.status();
@@ -140,6 +145,7 @@ absl::Status ArmRunner::Write(const Trial& trial, SequenceId seq) {
                      trial.v_half.data() + at * row, n, trial.kv_heads, trial.head_dim};
     s = cache_->WriteKV(0, slots_, kv);
     if (!s.ok()) return s;
+    if (arm_.observe_prompt) continue;  // aged once the prompt was observed
     if (arm_.policy) {  // the engine ages what this chunk made old
       s = cache_->EndStep();
       if (!s.ok()) return s;
@@ -176,6 +182,23 @@ absl::Status ArmRunner::Write(const Trial& trial, SequenceId seq) {
   return absl::OkStatus();
 }
 
+absl::Status ArmRunner::ObservePrompt(const Trial& trial, SequenceId seq) {
+  PageTables tables;
+  KVTIER_RETURN_IF_ERROR(cache_->BuildPageTables({seq}, &tables));
+  KVTIER_ASSIGN_OR_RETURN(const PagedLayer layer, GetPagedLayer(*cache_, 0));
+  const int q_heads = trial.kv_heads * trial.group;
+  std::vector<float> out(static_cast<size_t>(q_heads) * trial.head_dim), lse(q_heads),
+      weight(tables.packed.size(), 0.f);
+  KVTIER_RETURN_IF_ERROR(PagedDecodeAttention(
+      layer, tables, DecodeQueries{trial.q, q_heads, trial.softmax_scale},
+      DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse), {}, 0, absl::MakeSpan(weight)}));
+  KVTIER_RETURN_IF_ERROR(cache_->RecordAttention(seq, weight));
+  // Aging a whole prompt at once demotes more than one step's budget holds: the slabs it empties
+  // return to the budget at the end of the step, and the next step demotes what found no room.
+  KVTIER_RETURN_IF_ERROR(cache_->EndStep());
+  return cache_->EndStep();
+}
+
 absl::Status ArmRunner::CheckPlacement(int64_t length, SequenceId seq,
                                        std::vector<int32_t>* formats) const {
   const int32_t block_tokens = cache_->options().geometry.block_tokens;
@@ -186,7 +209,10 @@ absl::Status ArmRunner::CheckPlacement(int64_t length, SequenceId seq,
     absl::StatusOr<BlockInfo> info = cache_->GetBlockInfo((*blocks)[b]);
     if (!info.ok()) return info.status();
     const bool full = info->num_tokens == block_tokens;
-    const int32_t want = full ? arm_.format_of(static_cast<int64_t>(b), length, block_tokens) : 0;
+    int32_t want = full ? arm_.format_of(static_cast<int64_t>(b), length, block_tokens) : 0;
+    if (arm_.observe_prompt && info->attention >= arm_.policy->attention_keep_ratio) {
+      want = std::max(want - 1, 0);  // kept one tier hotter
+    }
     if (info->format != want) {
       return absl::InternalError(absl::StrCat("arm ", arm_.name, ": block ", b, " of ", length,
                                               " tokens is in palette format ", info->format,
@@ -211,6 +237,7 @@ absl::Status ArmRunner::Run(const Trial& trial, bool measure_compute_error, Resu
   absl::StatusOr<SequenceId> seq = cache_->AddSequence();
   if (!seq.ok()) return seq.status();
   absl::Status status = Write(trial, *seq);
+  if (status.ok() && arm_.observe_prompt) status = ObservePrompt(trial, *seq);
   if (status.ok()) status = CheckPlacement(trial.length, *seq, &result->block_formats);
   const int q_heads = trial.kv_heads * trial.group;
   if (status.ok()) {

@@ -48,6 +48,12 @@ struct Arm {
   std::optional<Policy> policy;
   // The cache's Options::key_rotation: rotated arms ("...+rot") store R k and attend with R q.
   KeyRotation key_rotation = KeyRotation::kNone;
+  // For a policy with Policy::attention_keep_ratio: the prompt is written whole, the trial's
+  // queries attend over its FP16 pages (the question at the end of the prompt, SnapKV's
+  // observation window), the cache records their page weights (Cache::RecordAttention), and
+  // only then does one EndStep age the prompt. Blocks the queries singled out sit one tier
+  // hotter than `format_of` says.
+  bool observe_prompt = false;
 };
 
 // Every full block in `cold` (palette {fp16, cold}); the arm's name is the format's name.
@@ -60,7 +66,8 @@ Arm ChainArm(const std::string& name, const std::vector<FormatSpec>& formats);
 // (Arm::policy; memory pressure off, so windows keep their size). `format_of` states where the
 // engine puts each full block at query time: the tier its age (tokens from the block's last
 // token to the sequence's last token) falls in; sink blocks stay in the hot tier. Keys are
-// rotated when the policy is a preset meant for it (PresetKeyRotation).
+// rotated when the policy is a preset meant for it (PresetKeyRotation). A policy with
+// attention_keep_ratio observes the prompt first (Arm::observe_prompt).
 Arm PolicyArm(const Policy& policy);
 
 // `arm` with rotated keys (Options::key_rotation = kHadamard), named arm.name + "+rot".
@@ -102,6 +109,9 @@ class ArmRunner {
   ArmRunner(const Arm& arm, std::unique_ptr<Cache> cache, int64_t chunk_tokens)
       : arm_(arm), cache_(std::move(cache)), chunk_tokens_(chunk_tokens) {}
   absl::Status Write(const Trial& trial, SequenceId seq);
+  // Arm::observe_prompt: the trial's queries attend over the written prompt, the cache records
+  // their page weights, then EndStep ages the prompt.
+  absl::Status ObservePrompt(const Trial& trial, SequenceId seq);
   // Each block's palette index into `formats`, checked against the arm's `format_of`.
   absl::Status CheckPlacement(int64_t length, SequenceId seq, std::vector<int32_t>* formats) const;
 

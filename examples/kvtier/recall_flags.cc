@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 namespace kvtier::tool {
@@ -20,6 +21,8 @@ const char kUsage[] =
     "  --depths LIST           needle depths in percent; default 0,10,25,40,50,75,90,100\n"
     "  --trials N              needle trials per cell (default 64; quick 16)\n"
     "  --arm NAME              run this arm (repeatable); default: all; --list-arms shows them\n"
+    "  --policy NAME|FILE      run a policy preset or JSON policy file as an arm (repeatable;\n"
+    "                          with --arm or alone, instead of all arms)\n"
     "  --json PATH             write the results as JSON\n"
     "  --plots DIR             write SVG plots into DIR\n"
     "  --seed N                generator seed (default 1)\n"
@@ -118,6 +121,7 @@ FlagResult Check(bool ok) { return ok ? FlagResult::kOk : FlagResult::kBad; }
 // What the flags ask for before the defaults apply.
 struct Requested {
   std::vector<std::string> arm_names;
+  std::vector<std::string> policies;  // --policy: preset names or JSON files
   std::optional<std::vector<int64_t>> contexts;
   std::optional<int> trials, bisect;
   bool quick = false;
@@ -186,6 +190,11 @@ FlagResult ParseSweepFlag(FlagReader& r, Requested* req, RecallFlags* f) {
     req->arm_names.push_back(v);
     return Check(ok);
   }
+  if (flag == "--policy") {
+    const bool ok = r.Value(&v);
+    req->policies.push_back(v);
+    return Check(ok);
+  }
   if (flag == "--json") return Check(r.Value(&f->json_path));
   if (flag == "--plots") return Check(r.Value(&f->plots_dir));
   if (flag == "--seed") return Check(r.Value(&v) && absl::SimpleAtoi(v, &o.seed));
@@ -203,10 +212,12 @@ FlagResult ParseSweepFlag(FlagReader& r, Requested* req, RecallFlags* f) {
   return FlagResult::kUnknown;
 }
 
-// The arms named by --arm, in the order given; an error message when one is unknown.
+// The arms named by --arm, in the order given, then one per --policy; an error message when
+// one is unknown or a policy does not load.
 std::optional<std::string> ChooseArms(const std::vector<std::string>& names,
+                                      const std::vector<std::string>& policies,
                                       std::vector<Arm>* arms) {
-  if (names.empty()) return std::nullopt;
+  if (names.empty() && policies.empty()) return std::nullopt;
   std::vector<Arm> chosen;
   for (const std::string& name : names) {
     bool found = false;
@@ -214,6 +225,11 @@ std::optional<std::string> ChooseArms(const std::vector<std::string>& names,
       if (arm.name == name) chosen.push_back(arm), found = true;
     }
     if (!found) return "unknown arm '" + name + "' (--list-arms shows them)";
+  }
+  for (const std::string& policy : policies) {
+    absl::StatusOr<Policy> p = LoadPolicy(policy);
+    if (!p.ok()) return absl::StrCat("--policy ", policy, ": ", p.status().message());
+    chosen.push_back(PolicyArm(*p));
   }
   *arms = chosen;
   return std::nullopt;
@@ -246,7 +262,7 @@ std::optional<int> ParseRecallFlags(int argc, char** argv, RecallFlags* flags) {
     if (result == FlagResult::kUnknown) return RecallBadFlag("unknown flag '" + r.arg() + "'");
     if (result == FlagResult::kBad) return RecallBadFlag("bad or missing value for " + r.flag());
   }
-  if (std::optional<std::string> bad = ChooseArms(req.arm_names, &o.arms)) {
+  if (std::optional<std::string> bad = ChooseArms(req.arm_names, req.policies, &o.arms)) {
     return RecallBadFlag(*bad);
   }
   if (f.k_npy.empty() != f.v_npy.empty()) return RecallBadFlag("--k-npy and --v-npy go together");

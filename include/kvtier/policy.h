@@ -77,8 +77,11 @@ KVTIER_EXPORT absl::Status ValidatePolicy(const Policy& policy);
 // The formats of the tiers, hottest first: the palette a cache needs to run `policy`.
 KVTIER_EXPORT std::vector<FormatSpec> PolicyPalette(const Policy& policy);
 
-// Named presets: "fp16", "fp8", "balanced", "max_capacity", "balanced_rot". NotFound for
-// another name. "balanced_rot" is "balanced" with NVFP4 keys in micro-blocks along head_dim,
+// Named presets: "fp16", "fp8", "balanced", "max_capacity", "balanced_rot", "attentive".
+// NotFound for another name. "attentive" is "balanced" with windows of 128 and 1024 tokens and
+// attention_keep_ratio 32: blocks that the engine's reported attention (Cache::RecordAttention)
+// singled out before they aged stay one tier hotter, which holds long-range recall at NVFP4's
+// density (docs/recall.md). "balanced_rot" is "balanced" with NVFP4 keys in micro-blocks along head_dim,
 // which hold recall only when keys are rotated: run it on a cache created with
 // Options::key_rotation = PresetKeyRotation("balanced_rot") (kHadamard). Key rotation is a
 // cache option, fixed at creation, so a policy (which SetPolicy may change) cannot carry it.
