@@ -199,6 +199,99 @@ TEST(DecodeAttentionTest, EveryFormatMixGroupAndRaggedLength) {
   }
 }
 
+// Page weights (DecodeOutputs::page_weight): a page's weight is exp(page LSE - LSE), where the
+// kernel's LSE and its page LSE each carry the LSE error above (<= kLseTolerance), so it agrees
+// with the reference within a relative e^(2 kLseTolerance) - 1 ~ 1e-2; kWeightAbsTolerance covers
+// the weights too small for that to matter (FP32 rounding, the hardware exp2 and log2).
+constexpr double kWeightRelTolerance = 1e-2;
+constexpr double kWeightAbsTolerance = 1e-4;
+
+std::vector<float> Download(const DeviceBuffer& buffer, size_t floats) {
+  std::vector<float> host(floats);
+  cudaMemcpy(host.data(), buffer.data(), floats * sizeof(float), cudaMemcpyDeviceToHost);
+  return host;
+}
+
+// Attends every layer of the pair's caches, each with its own queries, collecting the layers'
+// page weights in one buffer per path: the reference on the CPU cache, the kernel over the tables and over a
+// prepared step on the CUDA cache. Returns "" when the kernel's weights agree with the
+// reference's, both paths give the same bits, and the outputs' bits are those of the same calls
+// without page weights. With `nan_heads`, every head of the first sequence and every fifth other
+// head hold a NaN query: the first sequence's pages must weigh exactly 0.
+std::string ComparePageWeights(CachePair& pair, const std::vector<SequenceId>& seqs, int group,
+                               std::mt19937* rng, bool nan_heads) {
+  const Geometry& g = pair.options().geometry;
+  const int q_heads = g.num_kv_heads * group;
+  const size_t rows = seqs.size() * q_heads, n = rows * g.head_dim;
+  const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
+  PageTables ct, gt;
+  if (!pair.cpu().BuildPageTables(seqs, &ct).ok() || !pair.gpu().BuildPageTables(seqs, &gt).ok()) {
+    return "BuildPageTables failed";
+  }
+  const size_t entries = ct.packed.size();
+  if (gt.packed.size() != entries) return "the caches' tables differ in size";
+  absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(pair.gpu(), gt);
+  if (!step.ok()) return absl::StrCat("prepare: ", step.status().ToString());
+  std::vector<float> want(entries, 0.f), ref_out(n), ref_lse(rows), q(n);
+  DeviceBuffer dq(n * 4), dout(n * 4), dlse(rows * 4), dw(entries * 4 + 4),
+      dw_step(entries * 4 + 4);
+  cudaMemset(dw.data(), 0, entries * 4);
+  cudaMemset(dw_step.data(), 0, entries * 4);
+  const DecodeQueries queries{absl::MakeConstSpan(static_cast<const float*>(dq.data()), n), q_heads,
+                              scale};
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int layer = 0; layer < g.num_layers; ++layer) {
+    for (float& x : q) x = normal(*rng);
+    for (size_t r = 0; nan_heads && r < rows; ++r) {
+      if (r < static_cast<size_t>(q_heads) || r % 5 == 2) q[r * g.head_dim + r % 7] = NAN;
+    }
+    const DecodeOutputs ref{absl::MakeSpan(ref_out), absl::MakeSpan(ref_lse), {}, 0,
+                            absl::MakeSpan(want)};
+    absl::Status s = DecodeAttention(pair.cpu(), layer, ct, {q, q_heads, scale}, ref);
+    if (!s.ok()) return absl::StrCat("reference: ", s.ToString());
+    cudaMemcpy(dq.data(), q.data(), n * 4, cudaMemcpyHostToDevice);
+    DecodeOutputs out{absl::MakeSpan(static_cast<float*>(dout.data()), n),
+                      absl::MakeSpan(static_cast<float*>(dlse.data()), rows), {}, 0, {}};
+    std::vector<float> plain[2], weighted[2];
+    for (int with_weights = 0; with_weights < 2; ++with_weights) {
+      if (with_weights) out.page_weight = absl::MakeSpan(static_cast<float*>(dw.data()), entries);
+      s = DecodeAttention(pair.gpu(), layer, gt, queries, out, {nullptr, true});
+      if (!s.ok()) return absl::StrCat("kernel: ", s.ToString());
+      std::vector<float>* got = with_weights ? weighted : plain;
+      got[0] = Download(dout, n), got[1] = Download(dlse, rows);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const std::string diff = CompareFloats(plain[i], weighted[i]);
+      if (!diff.empty()) return absl::StrCat("layer ", layer, ": page weights change ", diff);
+    }
+    out.page_weight = absl::MakeSpan(static_cast<float*>(dw_step.data()), entries);
+    s = DecodeAttention(pair.gpu(), layer, *step, queries, out, {nullptr, true});
+    if (!s.ok()) return absl::StrCat("kernel, prepared: ", s.ToString());
+  }
+  const std::vector<float> got = Download(dw, entries);
+  const std::string diff = CompareFloats(got, Download(dw_step, entries));
+  if (!diff.empty()) return absl::StrCat("the prepared step's weights differ: ", diff);
+  double worst_abs = 0, worst_rel = 0;
+  for (size_t e = 0; e < entries; ++e) {
+    const double err = std::fabs(static_cast<double>(got[e]) - want[e]);
+    if (!(got[e] >= 0.f && got[e] <= 1.f) ||
+        !(err <= kWeightAbsTolerance + kWeightRelTolerance * want[e])) {
+      return absl::StrCat("entry ", e, ": weight ", got[e], ", reference ", want[e]);
+    }
+    worst_abs = std::max(worst_abs, err);
+    if (want[e] > 1e-3) worst_rel = std::max(worst_rel, err / want[e]);
+  }
+  for (int32_t e = ct.packed_indptr[0]; nan_heads && e < ct.packed_indptr[1]; ++e) {
+    if (got[e] != 0.f || want[e] != 0.f) {
+      return absl::StrCat("entry ", e, " of an all-NaN sequence weighs ", got[e], " (reference ",
+                          want[e], ")");
+    }
+  }
+  std::printf("    %zu pages, group %d: worst page weight error %.2e (relative %.2e above 1e-3)\n",
+              entries, group, worst_abs, worst_rel);
+  return "";
+}
+
 // Rotated keys (Options::key_rotation): the append kernel stores the CPU backend's bits (the
 // rotation included, and through demotion), and the kernel, which rotates the queries, agrees
 // with the reference.
@@ -215,6 +308,7 @@ TEST(DecodeAttentionTest, RotatedKeys) {
     for (int group : {1, 4, 8}) {
       EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
     }
+    EXPECT_EQ(ComparePageWeights(*pair, seqs, 4, &rng, /*nan_heads=*/false), "");
   }
 }
 
@@ -308,99 +402,6 @@ std::unique_ptr<Cache> OneSequence(Options o, BackendKind backend, int64_t token
   EXPECT_TRUE(cache->Append(seq, tokens, &slots).ok());
   EXPECT_TRUE(cache->BuildPageTables({seq}, tables).ok());
   return cache;
-}
-
-// Page weights (DecodeOutputs::page_weight): a page's weight is exp(page LSE - LSE), where the
-// kernel's LSE and its page LSE each carry the LSE error above (<= kLseTolerance), so it agrees
-// with the reference within a relative e^(2 kLseTolerance) - 1 ~ 1e-2; kWeightAbsTolerance covers
-// the weights too small for that to matter (FP32 rounding, the hardware exp2 and log2).
-constexpr double kWeightRelTolerance = 1e-2;
-constexpr double kWeightAbsTolerance = 1e-4;
-
-std::vector<float> Download(const DeviceBuffer& buffer, size_t floats) {
-  std::vector<float> host(floats);
-  cudaMemcpy(host.data(), buffer.data(), floats * sizeof(float), cudaMemcpyDeviceToHost);
-  return host;
-}
-
-// Attends layers 0 and 1, each with its own queries, collecting both layers' page weights in
-// one buffer per path: the reference on the CPU cache, the kernel over the tables and over a
-// prepared step on the CUDA cache. Returns "" when the kernel's weights agree with the
-// reference's, both paths give the same bits, and the outputs' bits are those of the same calls
-// without page weights. With `nan_heads`, every head of the first sequence and every fifth other
-// head hold a NaN query: the first sequence's pages must weigh exactly 0.
-std::string ComparePageWeights(CachePair& pair, const std::vector<SequenceId>& seqs, int group,
-                               std::mt19937* rng, bool nan_heads) {
-  const Geometry& g = pair.options().geometry;
-  const int q_heads = g.num_kv_heads * group;
-  const size_t rows = seqs.size() * q_heads, n = rows * g.head_dim;
-  const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
-  PageTables ct, gt;
-  if (!pair.cpu().BuildPageTables(seqs, &ct).ok() || !pair.gpu().BuildPageTables(seqs, &gt).ok()) {
-    return "BuildPageTables failed";
-  }
-  const size_t entries = ct.packed.size();
-  if (gt.packed.size() != entries) return "the caches' tables differ in size";
-  absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(pair.gpu(), gt);
-  if (!step.ok()) return absl::StrCat("prepare: ", step.status().ToString());
-  std::vector<float> want(entries, 0.f), ref_out(n), ref_lse(rows), q(n);
-  DeviceBuffer dq(n * 4), dout(n * 4), dlse(rows * 4), dw(entries * 4 + 4),
-      dw_step(entries * 4 + 4);
-  cudaMemset(dw.data(), 0, entries * 4);
-  cudaMemset(dw_step.data(), 0, entries * 4);
-  const DecodeQueries queries{absl::MakeConstSpan(static_cast<const float*>(dq.data()), n), q_heads,
-                              scale};
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (int layer = 0; layer < 2; ++layer) {
-    for (float& x : q) x = normal(*rng);
-    for (size_t r = 0; nan_heads && r < rows; ++r) {
-      if (r < static_cast<size_t>(q_heads) || r % 5 == 2) q[r * g.head_dim + r % 7] = NAN;
-    }
-    const DecodeOutputs ref{absl::MakeSpan(ref_out), absl::MakeSpan(ref_lse), {}, 0,
-                            absl::MakeSpan(want)};
-    absl::Status s = DecodeAttention(pair.cpu(), layer, ct, {q, q_heads, scale}, ref);
-    if (!s.ok()) return absl::StrCat("reference: ", s.ToString());
-    cudaMemcpy(dq.data(), q.data(), n * 4, cudaMemcpyHostToDevice);
-    DecodeOutputs out{absl::MakeSpan(static_cast<float*>(dout.data()), n),
-                      absl::MakeSpan(static_cast<float*>(dlse.data()), rows), {}, 0, {}};
-    std::vector<float> plain[2], weighted[2];
-    for (int with_weights = 0; with_weights < 2; ++with_weights) {
-      if (with_weights) out.page_weight = absl::MakeSpan(static_cast<float*>(dw.data()), entries);
-      s = DecodeAttention(pair.gpu(), layer, gt, queries, out, {nullptr, true});
-      if (!s.ok()) return absl::StrCat("kernel: ", s.ToString());
-      std::vector<float>* got = with_weights ? weighted : plain;
-      got[0] = Download(dout, n), got[1] = Download(dlse, rows);
-    }
-    for (int i = 0; i < 2; ++i) {
-      const std::string diff = CompareFloats(plain[i], weighted[i]);
-      if (!diff.empty()) return absl::StrCat("layer ", layer, ": page weights change ", diff);
-    }
-    out.page_weight = absl::MakeSpan(static_cast<float*>(dw_step.data()), entries);
-    s = DecodeAttention(pair.gpu(), layer, *step, queries, out, {nullptr, true});
-    if (!s.ok()) return absl::StrCat("kernel, prepared: ", s.ToString());
-  }
-  const std::vector<float> got = Download(dw, entries);
-  const std::string diff = CompareFloats(got, Download(dw_step, entries));
-  if (!diff.empty()) return absl::StrCat("the prepared step's weights differ: ", diff);
-  double worst_abs = 0, worst_rel = 0;
-  for (size_t e = 0; e < entries; ++e) {
-    const double err = std::fabs(static_cast<double>(got[e]) - want[e]);
-    if (!(got[e] >= 0.f && got[e] <= 1.f) ||
-        !(err <= kWeightAbsTolerance + kWeightRelTolerance * want[e])) {
-      return absl::StrCat("entry ", e, ": weight ", got[e], ", reference ", want[e]);
-    }
-    worst_abs = std::max(worst_abs, err);
-    if (want[e] > 1e-3) worst_rel = std::max(worst_rel, err / want[e]);
-  }
-  for (int32_t e = ct.packed_indptr[0]; nan_heads && e < ct.packed_indptr[1]; ++e) {
-    if (got[e] != 0.f || want[e] != 0.f) {
-      return absl::StrCat("entry ", e, " of an all-NaN sequence weighs ", got[e], " (reference ",
-                          want[e], ")");
-    }
-  }
-  std::printf("    %zu pages, group %d: worst page weight error %.2e (relative %.2e above 1e-3)\n",
-              entries, group, worst_abs, worst_rel);
-  return "";
 }
 
 // A mixed-format palette, GQA groups, ragged lengths (short, long enough to split), both
