@@ -261,9 +261,17 @@ void BindSequences(CacheClass& cache) {
              static const char* kStates[] = {"free", "in_use", "cached"};
              return py::dict("state"_a = kStates[static_cast<int>(i.state)], "format"_a = i.format,
                              "page"_a = i.page, "ref_count"_a = i.ref_count,
-                             "num_tokens"_a = i.num_tokens);
+                             "num_tokens"_a = i.num_tokens, "attention"_a = i.attention);
            },
-           "block"_a);
+           "block"_a)
+      .def(
+          "record_attention",
+          [](PyCache& c, SequenceId seq, const py::object& block_weight) {
+            Check((*c).RecordAttention(seq, FromArray<float>(block_weight)));
+          },
+          "seq"_a, "block_weight"_a,
+          "Records the attention weight (0 to 1) each block of seq received, one per block in "
+          "order, for policies with attention_keep_ratio (e.g. the 'attentive' preset).");
 }
 
 void BindData(CacheClass& cache) {

@@ -431,6 +431,29 @@ def test_rotated_keys_read_back_attend_alike_and_adapters_refuse():
     assert kvtier.Cache(policy="balanced").key_rotation == "none"
 
 
+def test_recorded_attention_keeps_a_block_one_tier_hotter():
+    cache = kvtier.Cache(num_layers=1, num_kv_heads=H, head_dim=D, block_tokens=S,
+                         budget_bytes=16 << 20, policy="attentive")
+    seq = cache.add_sequence().id
+    cache.append(seq, 64)  # 4 blocks
+    weights = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="block_weight"):
+        cache.record_attention(seq, np.array([0.5, 0.5], np.float32))
+    weights[1] = 1.0  # 1.0 x 4 blocks = 4: below the preset's ratio of 32
+    cache.record_attention(seq, weights)
+    blocks = cache.sequence_blocks(seq)
+    assert cache.block_info(blocks[1])["attention"] == 4.0
+    cache.append(seq, 2048 - 64)  # 128 blocks: a new report can reach 32x
+    weights = np.zeros(128, np.float32)
+    weights[2] = 0.25  # x 128 = 32
+    cache.record_attention(seq, weights)
+    cache.end_step()
+    formats = [cache.block_info(b)["format"] for b in cache.sequence_blocks(seq)]
+    assert formats[1] == 2 and formats[3] == 2  # older than 1024 tokens: NVFP4
+    assert formats[2] == 1  # singled out: kept in FP8
+    cache.check_consistency()
+
+
 def test_docs_python_snippets_run():
     blocks = doc_blocks("python")
     assert blocks, "docs/adapters.md has no python snippets"
