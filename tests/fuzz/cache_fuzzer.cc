@@ -9,6 +9,7 @@
 // the number of API calls made at exit.
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -87,7 +88,7 @@ class Fuzz {
 
   void Run() {
     while (in_.remaining_bytes() > 0) {
-      const int op = in_.ConsumeIntegralInRange<int>(0, 17);
+      const int op = in_.ConsumeIntegralInRange<int>(0, 18);
       const CacheStats before = cache_->GetStats();
       calls += 1;
       bool read_only = false;
@@ -142,6 +143,7 @@ class Fuzz {
   absl::Status ReadKV();
   absl::Status Demote();
   absl::Status Policy();
+  absl::Status RecordAttention();
   absl::Status Adapters();
 
   FuzzedDataProvider& in_;
@@ -238,7 +240,8 @@ absl::Status Fuzz::Policy() {
                         R"(", "max_age_tokens": )", Count(in_), R"(}, {"format": ")",
                         in_.PickValueInArray(kFormats), R"("}], "sink_tokens": )",
                         in_.ConsumeIntegralInRange<int>(-1, 40), R"(, "pressure_watermark": )",
-                        in_.ConsumeFloatingPointInRange<double>(-0.5, 1.5), "}");
+                        in_.ConsumeFloatingPointInRange<double>(-0.5, 1.5), R"(, "attention_keep_ratio": )",
+                        in_.PickValueInArray({0.0, 1.0, 4.0, 32.0, 0.5, -1.0, 1e9}), "}");
   }
   absl::StatusOr<kvtier::Policy> p = ParsePolicyJson(json);
   if (!p.ok()) return absl::OkStatus();  // parsing changes no cache: checked as a read
@@ -247,6 +250,22 @@ absl::Status Fuzz::Policy() {
     Fail("policy JSON round trip", PolicyToJson(*p));
   }
   return cache_->SetPolicy(*p);
+}
+
+// Attention weights for a sequence's blocks: usually one per block in [0, 1], sometimes the
+// wrong count or out of range (NaN, negative, above 1).
+absl::Status Fuzz::RecordAttention() {
+  const SequenceId seq = Seq();
+  const absl::StatusOr<std::vector<BlockId>> blocks = cache_->SequenceBlocks(seq);
+  int64_t n = blocks.ok() ? static_cast<int64_t>(blocks->size()) : 2;
+  if (in_.ConsumeIntegralInRange<int>(0, 7) == 0) n += in_.ConsumeIntegralInRange<int>(-1, 1);
+  std::vector<float> weights(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  for (float& w : weights) {
+    w = in_.ConsumeIntegralInRange<int>(0, 31) == 0
+            ? in_.PickValueInArray({NAN, -1.f, 2.f, INFINITY})
+            : in_.ConsumeFloatingPointInRange<float>(0.f, 1.f);
+  }
+  return cache_->RecordAttention(seq, weights);
 }
 
 // The read-only entry points behind the Python module's page-table, adapter and attention calls.
@@ -296,6 +315,7 @@ absl::Status Fuzz::Call(int op, bool* read_only) {
     case 8: return Demote();
     case 9: return Policy();
     case 10: return cache_->EndStep();
+    case 18: return RecordAttention();
     case 11: {
       const int32_t layer = in_.ConsumeIntegralInRange<int32_t>(-1, geometry().num_layers);
       return cache_->CalibrateTensorScales(layer, Input(in_.ConsumeIntegralInRange<int64_t>(0, 8)));
