@@ -96,7 +96,7 @@ std::vector<FormatSpec> PolicyPalette(const Policy& p) {
 }
 
 std::vector<std::string> PolicyPresetNames() {
-  return {"fp16", "fp8", "balanced", "max_capacity", "balanced_rot", "attentive"};
+  return {"fp16", "fp8", "balanced", "max_capacity", "balanced_rot", "attentive", "fp8_keys"};
 }
 
 KeyRotation PresetKeyRotation(absl::string_view name) {
@@ -118,6 +118,9 @@ absl::StatusOr<Policy> PolicyPreset(absl::string_view name) {
                           {{"fp16", 128}, {"fp8_e4m3/block_head", 1024}, {kNvfp4Kv, -1}}, 4);
     p.attention_keep_ratio = 32;
     return p;
+  }
+  if (name == "fp8_keys") {  // a split palette: keys one tier above values
+    return MakePreset("fp8_keys", {{"fp16", 256}, {"k:fp8_e4m3/block_head,v:nvfp4/block_head", -1}}, 4);
   }
   if (name == "max_capacity") return MakePreset("max_capacity", {{"fp16", 16}, {kNvfp4Kv, -1}}, 4);
   return absl::NotFoundError(absl::StrCat("no policy preset '", name, "' (",

@@ -187,7 +187,8 @@ TEST(RecallArmsTest, PolicyArmPlacesBlocksAsThePolicyDoes) {
   }
   EXPECT_EQ(policies, (std::vector<std::string>{
                           "policy:fp8", "policy:balanced", "policy:max_capacity",
-                          "policy:balanced_rot", "policy:attentive", "policy:balanced+rot",
+                          "policy:balanced_rot", "policy:attentive", "policy:fp8_keys",
+                          "policy:balanced+rot",
                           "policy:max_capacity+rot"}));
   for (const Arm& a : standard) {  // rotated: the "+rot" arms and the preset meant for it
     const bool rotated = a.name.find("+rot") != std::string::npos || a.name == "policy:balanced_rot";

@@ -77,8 +77,9 @@ KVTIER_EXPORT absl::Status ValidatePolicy(const Policy& policy);
 // The formats of the tiers, hottest first: the palette a cache needs to run `policy`.
 KVTIER_EXPORT std::vector<FormatSpec> PolicyPalette(const Policy& policy);
 
-// Named presets: "fp16", "fp8", "balanced", "max_capacity", "balanced_rot", "attentive".
-// NotFound for another name. "attentive" is "balanced" with windows of 128 and 1024 tokens and
+// Named presets: "fp16", "fp8", "balanced", "max_capacity", "balanced_rot", "attentive",
+// "fp8_keys". NotFound for another name. "fp8_keys" keeps the last 256 tokens in FP16 and
+// stores older keys in FP8, values in NVFP4 (a split palette, about 6.3 bits per element). "attentive" is "balanced" with windows of 128 and 1024 tokens and
 // attention_keep_ratio 32: blocks that the engine's reported attention (Cache::RecordAttention)
 // singled out before they aged stay one tier hotter, which holds long-range recall at NVFP4's
 // density (docs/recall.md). "balanced_rot" is "balanced" with NVFP4 keys in micro-blocks along head_dim,
