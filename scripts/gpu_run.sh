@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Runs the GPU bundle made by scripts/gpu_bundle.sh on a GPU machine, in one go:
-#   1. all GPU tests, then parity and stress tests with the other migration kernel occupancies;
-#   2. the benchmarks (JSON), the host-tier bandwidth (tier_bench.json) among them;
-#   3. the GPU tests under compute-sanitizer --tool memcheck, then --tool racecheck (fewer
-#      steps, KVTIER_GPU_TEST_SCALE; the fast-codec self-check, already run in 1, is skipped).
+# Runs the GPU bundle made by scripts/gpu_bundle.sh on a GPU machine, in two parts that each fit
+# the device tool's 10 minutes per command:
+#   gpu_run.sh tests       1. all GPU tests, then parity and stress tests with the other
+#                             migration kernel occupancies;
+#                          2. the benchmarks (JSON), the host-tier bandwidth (tier_bench.json);
+#   gpu_run.sh sanitizers  3. the GPU tests under compute-sanitizer --tool memcheck, then --tool
+#                             racecheck (fewer steps, KVTIER_GPU_TEST_SCALE; the fast-codec
+#                             self-check, run in 1, is skipped).
+#   gpu_run.sh             both, one after the other (over 10 minutes: not for the device tool).
 # Writes logs and JSON under $OUT (default ./gpu-out) and prints a summary last.
-# With the device tool: run(command="bash scripts/gpu_run.sh", carry=["bundle"]).
+# With the device tool: run(command="bash scripts/gpu_run.sh tests", carry=["bundle"]), then
+# run(command="bash scripts/gpu_run.sh sanitizers", carry=["bundle"]).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-out}
@@ -18,6 +23,8 @@ summary=$out/summary.txt
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   compute-sanitizer --version | tail -1
 } >"$summary" 2>&1
+part=${1:-all}
+case "$part" in tests|sanitizers|all) ;; *) echo "usage: gpu_run.sh [tests|sanitizers]" >&2; exit 2 ;; esac
 status=0
 step() {  # name, timeout seconds, command...
   local name=$1 limit=$2
@@ -29,8 +36,9 @@ step() {  # name, timeout seconds, command...
     tee -a "$summary"
   [ "$rc" = 0 ] || status=1
 }
-# The step limits add up to under the device tool's 10 minutes per command.
-step tests 170 bundle/kvtier_gpu_tests --gtest_output="json:$out/tests.json"
+# The step limits of each part add up to under the device tool's 10 minutes per command.
+if [ "$part" != sanitizers ]; then
+step tests 420 bundle/kvtier_gpu_tests --gtest_output="json:$out/tests.json"
 for blocks in 2 4; do
   step "tests_migrate$blocks" 40 env KVTIER_CUDA_MIGRATE=$blocks bundle/kvtier_gpu_tests \
     --gtest_filter='CudaParityTest.EveryPalette*:CudaStressTest.Tiny*'
@@ -39,16 +47,19 @@ step bench 60 bundle/kvtier_gpu_bench "$out/bench.json"
 cat "$out/bench.log" >>"$summary"
 step tier_bench 30 bundle/kvtier_tier_bench "$out/tier_bench.json"
 cat "$out/tier_bench.json" >>"$summary"
+fi
+if [ "$part" != tests ]; then
 export KVTIER_CUDA_FAST_CODEC=on KVTIER_GPU_TEST_SCALE=${KVTIER_GPU_TEST_SCALE:-0.2}
 # The two largest decode tests add minutes under the sanitizers without new paths
 # (EveryFormatMixGroupAndRaggedLength covers the staging ring, the splits and the merge); the
 # out-of-memory test fills the device, which the sanitizers only slow down.
 large=DecodeAttentionTest.LongContextSplitKv:DecodeAttentionTest.Batch256Ragged:CudaOomTest.*
-step memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
+step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
   bundle/kvtier_gpu_tests --gtest_filter=-$large
-# Racecheck is the slowest tool: half the steps again, so that it finishes inside its limit.
-step racecheck 150 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck --error-exitcode 1 --print-limit 20 \
-  bundle/kvtier_gpu_tests --gtest_filter=-$large
-echo "overall: $([ $status = 0 ] && echo PASS || echo FAIL)" | tee -a "$summary"
-grep -E "FAILED|Failure|error|ERROR" "$out/tests.log" | head -20
+# Racecheck is the slowest tool: half the steps again.
+step racecheck 300 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
+  --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests --gtest_filter=-$large
+fi
+echo "overall ($part): $([ $status = 0 ] && echo PASS || echo FAIL)" | tee -a "$summary"
+[ -f "$out/tests.log" ] && grep -E "FAILED|Failure|error|ERROR" "$out/tests.log" | head -20
 exit $status
