@@ -17,7 +17,9 @@ namespace kvtier {
 
 // A non-negative float in 16 bits: its top half (bfloat16), rounded down, so that packed values
 // order as the floats do.
-inline uint16_t PackAttention(float x) { return static_cast<uint16_t>(absl::bit_cast<uint32_t>(x) >> 16); }
+inline uint16_t PackAttention(float x) {
+  return static_cast<uint16_t>(absl::bit_cast<uint32_t>(x) >> 16);
+}
 inline float UnpackAttention(uint16_t packed) {
   return absl::bit_cast<float>(static_cast<uint32_t>(packed) << 16);
 }

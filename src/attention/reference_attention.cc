@@ -62,10 +62,6 @@ void KeepPageWeights(const double* w, int64_t length, double sum, int block_toke
 template <typename Rows>
 void AttendHead(const Rows& rows, int64_t length, int kv_head, int head_dim, const float* q,
                 int group, double scale, const HeadOutputs& o, Scratch* s) {
-  float* const out = o.out;
-  float* const lse = o.lse;
-  float* const logits = o.logits;
-  const int64_t logits_stride = o.logits_stride;
   s->weights.assign(static_cast<size_t>(group) * length, 0.0);
   s->acc.assign(static_cast<size_t>(group) * head_dim, 0.0);
   s->row.resize(head_dim);
@@ -78,10 +74,10 @@ void AttendHead(const Rows& rows, int64_t length, int kv_head, int head_dim, con
   std::vector<double> sums(group, 0.0);
   for (int g = 0; g < group; ++g) {
     double* w = s->weights.data() + g * length;
-    if (logits != nullptr) {
-      float* l = logits + g * logits_stride;
+    if (o.logits != nullptr) {
+      float* l = o.logits + g * o.logits_stride;
       for (int64_t t = 0; t < length; ++t) l[t] = static_cast<float>(w[t]);
-      for (int64_t t = length; t < logits_stride; ++t) l[t] = -INFINITY;
+      for (int64_t t = length; t < o.logits_stride; ++t) l[t] = -INFINITY;
     }
     double m = kNegInf;
     for (int64_t t = 0; t < length; ++t) m = std::max(m, w[t]);
@@ -91,8 +87,8 @@ void AttendHead(const Rows& rows, int64_t length, int kv_head, int head_dim, con
       sum += w[t];
     }
     sums[g] = sum;
-    lse[g] = length > 0 ? static_cast<float>(m + std::log(sum)) : -INFINITY;
-    if (o.page_weight != nullptr && std::isfinite(lse[g])) {
+    o.lse[g] = length > 0 ? static_cast<float>(m + std::log(sum)) : -INFINITY;
+    if (o.page_weight != nullptr && std::isfinite(o.lse[g])) {
       KeepPageWeights(w, length, sum, o.block_tokens, o.page_weight);
     }
   }
@@ -106,7 +102,7 @@ void AttendHead(const Rows& rows, int64_t length, int kv_head, int head_dim, con
   }
   for (int g = 0; g < group; ++g) {
     for (int d = 0; d < head_dim; ++d) {
-      out[g * head_dim + d] =
+      o.out[g * head_dim + d] =
           length > 0 ? static_cast<float>(s->acc[g * head_dim + d] / sums[g]) : 0.f;
     }
   }
