@@ -31,7 +31,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward  # n
 sys.path.insert(0, str(ROOT / "examples" / "engine"))
 from kvtier_engine import (TINY, ContiguousKV, Engine, KvtierKV, LlamaCompute,  # noqa: E402
                            MetricsServer, RequestError, StepTimer, llama_config, random_llama)
-from kvtier_engine.capture import capture_kv  # noqa: E402
+from kvtier_engine.capture import capture_kv, main as capture_main, model_kv  # noqa: E402
 
 TOTAL = 64  # tokens per request, prompt included
 
@@ -273,6 +273,26 @@ def test_capture_kv_for_kvtier_recall(model):
     hidden = m.embed(torch.tensor(p[:32]))
     _, want_k, _ = m.qkv(0, hidden, m.rope(hidden, torch.arange(32)))
     np.testing.assert_array_equal(k[0], want_k.detach().half().float().numpy())
+
+
+def test_model_kv_reads_what_the_cache_stores(model):
+    # The trained model's capture path (transformers' own cache, no kvtier) gives the K/V that
+    # the engine's cache stores, up to the float32 rounding of the two implementations.
+    p = prompts(system_tokens=0, tails=(40,))[0]
+    k, v = capture_kv(Engine(LlamaCompute(model), make_cache(model)), p)
+    hf_k, hf_v = model_kv(model, p[:32])
+    assert hf_k.shape == k.shape and hf_v.shape == v.shape and hf_k.dtype == np.float32
+    np.testing.assert_allclose(hf_k, k, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(hf_v, v, rtol=2e-3, atol=2e-3)
+    np.testing.assert_array_equal(hf_k, hf_k.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("args", [["--tokens", "0"], ["--train-steps", "-1"],
+                                  ["--train-steps", "1", "--tokens", "5000"]])
+def test_capture_refuses_bad_arguments(args, tmp_path):
+    with pytest.raises(SystemExit):
+        capture_main(["--out", str(tmp_path)] + args)
+    assert not any(tmp_path.iterdir())
 
 
 def test_metrics_endpoint_serves_the_engine_and_the_cache(model):
