@@ -12,6 +12,7 @@
 #include "kernels/codec/hadamard.h"
 #include "kernels/codec/half.h"
 #include "kernels/data_plane.cuh"
+#include "kernels/dependent_launch.cuh"
 
 namespace kvtier::gpu {
 namespace {
@@ -28,6 +29,7 @@ __device__ __forceinline__ float InputAt(const RotateRowsParams& p, int64_t i) {
 
 __global__ void __launch_bounds__(kRotateThreads) RotateRowsKernel(const RotateRowsParams p) {
   extern __shared__ float x[];
+  WaitForPriorKernels();  // the rows (LaunchDependent)
   const int n = p.head_dim;
   for (int64_t row = blockIdx.x; row < p.num_rows; row += gridDim.x) {
     const int head = static_cast<int>(row % p.heads) / p.group;
@@ -58,9 +60,8 @@ cudaError_t LaunchRotateRows(const RotateRowsParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
   const int64_t max_blocks = int64_t{1} << 16;
   const int64_t blocks = p.num_rows < max_blocks ? p.num_rows : max_blocks;
-  RotateRowsKernel<<<static_cast<unsigned>(blocks), kRotateThreads,
-                     static_cast<size_t>(p.head_dim) * sizeof(float), stream>>>(p);
-  return cudaGetLastError();
+  return LaunchDependent(RotateRowsKernel, dim3(static_cast<unsigned>(blocks)), dim3(kRotateThreads),
+                         static_cast<size_t>(p.head_dim) * sizeof(float), stream, p);
 }
 
 }  // namespace kvtier::gpu

@@ -8,7 +8,8 @@
 #                             racecheck (fewer steps, KVTIER_GPU_TEST_SCALE; the fast-codec
 #                             self-check, run in 1, is skipped).
 #   gpu_run.sh             both, one after the other (over 10 minutes: not for the device tool).
-# Writes logs and JSON under $OUT (default ./gpu-out) and prints a summary last.
+# Writes summary.txt, the benchmarks' JSON and the logs (logs-PART.tar.gz) under $OUT (default
+# ./gpu-out) and prints a summary last.
 # With the device tool: run(command="bash scripts/gpu_run.sh tests", carry=["bundle"]), then
 # run(command="bash scripts/gpu_run.sh sanitizers", carry=["bundle"]).
 set -uo pipefail
@@ -45,6 +46,9 @@ for blocks in 2 4; do
 done
 step bench 60 bundle/kvtier_gpu_bench "$out/bench.json"
 cat "$out/bench.log" >>"$summary"
+# The same without programmatic dependent launches (kernels/dependent_launch.cuh), beside it.
+step bench_pdl_off 60 env KVTIER_CUDA_PDL=off bundle/kvtier_gpu_bench "$out/bench_pdl_off.json"
+cat "$out/bench_pdl_off.log" >>"$summary"
 step tier_bench 30 bundle/kvtier_tier_bench "$out/tier_bench.json"
 cat "$out/tier_bench.json" >>"$summary"
 fi
@@ -62,4 +66,7 @@ step racecheck 300 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racech
 fi
 echo "overall ($part): $([ $status = 0 ] && echo PASS || echo FAIL)" | tee -a "$summary"
 [ -f "$out/tests.log" ] && grep -E "FAILED|Failure|error|ERROR" "$out/tests.log" | head -20
+# The logs in one archive: a device tool brings back a limited number of files.
+(cd "$out" && logs=$(ls ./*.log ./tests.json 2>/dev/null)
+  [ -n "$logs" ] && tar -czf "logs-$part.tar.gz" $logs && rm -f $logs)
 exit $status

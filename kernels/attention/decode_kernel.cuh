@@ -40,6 +40,7 @@
 #include "kernels/attention/page_weight.cuh"
 #include "kernels/attention/stage_page.cuh"
 #include "kernels/decode_attention.cuh"
+#include "kernels/dependent_launch.cuh"
 #include "kvtier/page_tables.h"
 
 namespace kvtier::gpu::attention {
@@ -209,6 +210,7 @@ template <int kTiles, bool kPageWeights>
 __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
+  WaitForPriorKernels();  // the queries and tables (LaunchDependent)
   const DecodeBlock k = BlockOf(p);
   uint32_t qb[kTiles][8][2];
   LoadQuery<kTiles>(p, k, qb);

@@ -13,6 +13,7 @@
 #include "kernels/attention/side_kind.cuh"
 #include "kernels/attention/stage_page.cuh"
 #include "kernels/decode_attention.cuh"
+#include "kernels/dependent_launch.cuh"
 
 namespace kvtier::gpu {
 namespace {
@@ -181,8 +182,7 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   if (raised != cudaSuccess) return raised;
   const KernelLaunch launch = KernelFor(k);
   const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
-  launch.kernel<<<grid, kThreads, launch.smem, stream>>>(k);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = LaunchDependent(launch.kernel, grid, dim3(kThreads), launch.smem, stream, k);
   if (e == cudaSuccess && p.num_splits > 1) e = LaunchSplitMerge(p, stream);
   if (e != cudaSuccess || p.page_weight == nullptr) return e;
   return LaunchPageWeights(p, stream);  // after the LSEs are final

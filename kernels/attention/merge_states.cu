@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/decode_attention.cuh"
+#include "kernels/dependent_launch.cuh"
 
 namespace kvtier::gpu {
 namespace {
@@ -35,6 +36,7 @@ __device__ __forceinline__ float BlockReduce(float x, float* scratch) {
 __global__ void __launch_bounds__(kMergeThreads) MergeStatesKernel(const MergeStatesParams p) {
   __shared__ float weight[kMergeChunk];
   __shared__ float scratch[kMergeThreads / 32];
+  WaitForPriorKernels();  // the parts (LaunchDependent)
   const int64_t row = blockIdx.x;
   float m = -INFINITY;
   bool nan = false;
@@ -81,8 +83,8 @@ cudaError_t LaunchMergeStates(const MergeStatesParams& p, cudaStream_t stream) {
   if (p.rows < 0 || p.rows > INT32_MAX || p.parts < 1 || p.head_dim < 1)
     return cudaErrorInvalidValue;
   if (p.rows == 0) return cudaSuccess;
-  MergeStatesKernel<<<static_cast<unsigned>(p.rows), kMergeThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchDependent(MergeStatesKernel, dim3(static_cast<unsigned>(p.rows)),
+                         dim3(kMergeThreads), 0, stream, p);
 }
 
 }  // namespace kvtier::gpu

@@ -9,6 +9,7 @@
 
 #include "kernels/attention/page_weight.cuh"
 #include "kernels/decode_attention.cuh"
+#include "kernels/dependent_launch.cuh"
 
 namespace kvtier::gpu {
 namespace {
@@ -18,6 +19,7 @@ using attention::kLog2e;
 
 // Block (x, b): entries x * kWeightWarps + warp of sequence b.
 __global__ void __launch_bounds__(kWeightWarps * 32) PageWeightKernel(const PagedDecodeParams p) {
+  WaitForPriorKernels();  // the page LSEs and the final LSEs (LaunchDependent)
   const int b = blockIdx.y;
   const int lane = threadIdx.x % 32;
   const int first = p.packed_indptr[b];
@@ -52,8 +54,7 @@ cudaError_t LaunchPageWeights(const PagedDecodeParams& p, cudaStream_t stream) {
   const int64_t most_pages = static_cast<int64_t>(p.num_splits) * p.pages_per_split;
   const dim3 grid(static_cast<unsigned>((most_pages + kWeightWarps - 1) / kWeightWarps),
                   static_cast<unsigned>(p.batch));
-  PageWeightKernel<<<grid, kWeightWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchDependent(PageWeightKernel, grid, dim3(kWeightWarps * 32), 0, stream, p);
 }
 
 }  // namespace kvtier::gpu
