@@ -38,6 +38,7 @@ endfunction()
 target_sources(kvtier PRIVATE
   kernels/append.cu
   kernels/attention/decode_launch.cu
+  kernels/attention/logits.cu
   kernels/attention/merge_states.cu
   kernels/attention/page_weight.cu
   kernels/copy_pages.cu

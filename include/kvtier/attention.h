@@ -45,9 +45,13 @@ struct DecodeQueries {
 struct DecodeOutputs {
   absl::Span<float> out;  // [batch, num_q_heads, head_dim]
   absl::Span<float> lse;  // [batch, num_q_heads], natural log
-  // Optional (empty to skip; CPU backend only): the scaled logits l_i,
-  // [batch, num_q_heads, logits_stride]; key i of sequence b at [b][h][i]; entries at or beyond
-  // the sequence's length are set to -inf.
+  // Optional (empty to skip): the scaled logits l_i, [batch, num_q_heads, logits_stride]; key i
+  // of sequence b at [b][h][i]; entries at or beyond the sequence's length are set to -inf.
+  // On the CUDA backend (device memory) a second kernel computes them beside the fused one, in
+  // FP32 from the keys as stored (with q unrounded, unlike the fused kernel's FP16 q): within
+  // 1e-5 x softmax_scale x |q| |k_i| of the CPU reference's; the output and LSE bits are those
+  // of the same call without logits. For tools and tests (the recall sweep), not a decode step:
+  // it writes batch x num_q_heads x logits_stride floats.
   // REQUIRES when given: logits_stride >= every sequence's length.
   absl::Span<float> logits;
   int64_t logits_stride = 0;
@@ -68,9 +72,9 @@ struct DeviceLaunch {
 
 // Decode attention over `layer` of `cache` for the batch of `tables` (BuildPageTables of this
 // step), using tables.packed_indptr / packed / seq_lens. CPU backend: the reference on host
-// spans (`launch` is ignored). CUDA backend: the fused kernel; `tables` are copied to the device
-// by the call (so they may be freed when it returns) and the work runs on launch.stream;
-// outputs.logits must be empty there.
+// spans (`launch` is ignored). CUDA backend: the fused kernel (and, for outputs.logits, the
+// logits kernel); `tables` are copied to the device by the call (so they may be freed when it
+// returns) and the work runs on launch.stream.
 // InvalidArgument for inconsistent shapes: spans of the wrong size, num_q_heads not a multiple
 // of num_kv_heads, a sequence whose page count does not match its length, a packed entry naming
 // a format outside the palette or a page outside its pool; also, on CUDA, for a head_dim other

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/attention/logits.cuh"
 #include "kernels/data_plane.cuh"
 #include "kernels/decode_attention.cuh"
 #include "src/cuda/cuda_status.h"
@@ -60,9 +61,6 @@ absl::Status CheckFusedCall(const PagedLayer& kv, const TableExtent& extent,
         "; this cache has head_dim ", kv.head_dim, ", ", kv.block_tokens,
         "-token pages and the queries a group of ", group));
   }
-  if (!outputs.logits.empty()) {
-    return absl::InvalidArgumentError("the fused decode kernel does not return logits");
-  }
   if (extent.batch > gpu::kDecodeMaxBatch) {
     return absl::InvalidArgumentError(
         absl::StrCat("a batch of ", extent.batch, " sequences; the fused decode kernel attends at ",
@@ -84,7 +82,48 @@ absl::Status CheckFusedCall(const PagedLayer& kv, const TableExtent& extent,
   return absl::OkStatus();
 }
 
-// Launches the fused kernel over device tables. REQUIRES: CheckFusedCall is OK.
+// The queries the kernels read: as given, or for a cache with rotated keys (stored as R_h k)
+// R_h q in a buffer of `buffers` (kernels/rotate.cu).
+absl::StatusOr<const float*> QueriesToAttend(const PagedLayer& kv, const DecodeQueries& queries,
+                                             cudaStream_t stream, StreamBuffers* buffers) {
+  if (!kv.rotate_keys) return queries.q.data();
+  KVTIER_ASSIGN_OR_RETURN(float* rotated, buffers->Allocate<float>(queries.q.size()));
+  gpu::RotateRowsParams r;
+  r.in = queries.q.data();
+  r.in_type = gpu::RotateInput::kFp32;
+  r.out = rotated;
+  r.num_rows = static_cast<int64_t>(queries.q.size()) / kv.head_dim;
+  r.head_dim = kv.head_dim;
+  r.heads = queries.num_q_heads;
+  r.group = queries.num_q_heads / kv.num_kv_heads;
+  r.seed = kv.key_rotation_seed;
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchRotateRows(r, stream));
+  return static_cast<const float*>(rotated);
+}
+
+// The logits kernel's parameters for the fused launch `p` (its pools, tables and queries).
+gpu::DecodeLogitsParams LogitsParams(const gpu::PagedDecodeParams& p, const PagedLayer& kv,
+                                     const DecodeOutputs& outputs) {
+  gpu::DecodeLogitsParams l;
+  for (int f = 0; f < p.num_formats; ++f) l.pools[f] = p.pools[f];
+  l.num_formats = p.num_formats;
+  l.packed_indptr = p.packed_indptr;
+  l.packed = p.packed;
+  l.seq_lens = p.seq_lens;
+  l.batch = p.batch;
+  l.num_q_heads = p.num_q_heads;
+  l.num_kv_heads = p.num_kv_heads;
+  l.head_dim = kv.head_dim;
+  l.block_tokens = kv.block_tokens;
+  l.softmax_scale = p.softmax_scale;
+  l.q = p.q;
+  l.logits = outputs.logits.data();
+  l.logits_stride = outputs.logits_stride;
+  return l;
+}
+
+// Launches the fused kernel over device tables, then the logits kernel when outputs.logits is
+// set. REQUIRES: CheckFusedCall is OK.
 absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
                          const TableExtent& extent, const DecodeQueries& queries,
                          const DecodeOutputs& outputs, const DeviceLaunch& launch) {
@@ -110,21 +149,7 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
   p.packed = tables.packed();
   p.seq_lens = tables.seq_lens();
   p.softmax_scale = queries.softmax_scale;
-  p.q = queries.q.data();
-  if (kv.rotate_keys) {  // keys are stored as R_h k: attend with R_h q (kernels/rotate.cu)
-    KVTIER_ASSIGN_OR_RETURN(float* rotated, buffers.Allocate<float>(queries.q.size()));
-    gpu::RotateRowsParams r;
-    r.in = queries.q.data();
-    r.in_type = gpu::RotateInput::kFp32;
-    r.out = rotated;
-    r.num_rows = static_cast<int64_t>(queries.q.size()) / kv.head_dim;
-    r.head_dim = kv.head_dim;
-    r.heads = queries.num_q_heads;
-    r.group = queries.num_q_heads / kv.num_kv_heads;
-    r.seed = kv.key_rotation_seed;
-    KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchRotateRows(r, stream));
-    p.q = rotated;
-  }
+  KVTIER_ASSIGN_OR_RETURN(p.q, QueriesToAttend(kv, queries, stream, &buffers));
   p.out = outputs.out.data();
   p.lse = outputs.lse.data();
   p.num_splits = split.num_splits;
@@ -143,6 +168,9 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
     p.page_weight = outputs.page_weight.data();
   }
   KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchPagedDecode(p, stream));
+  if (!outputs.logits.empty()) {
+    KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchDecodeLogits(LogitsParams(p, kv, outputs), stream));
+  }
   return Finish(stream, launch);
 }
 

@@ -3,8 +3,8 @@
 // every format of the palettes below mixed within sequences, GQA groups 1 to 16, batch 1 to
 // 256, contexts 1 to 128K tokens (split-KV), ragged lengths and empty sequences. Tolerances are
 // the ones docs/attention.md states. Also: NaN and infinite queries (NaN where the reference is
-// NaN), the page weights (DecodeOutputs::page_weight) against the reference's, the LSE merge
-// kernel against MergeStates, and the kernel's refusals. Every comparison also attends the step
+// NaN), the page weights (DecodeOutputs::page_weight) and the logits (DecodeOutputs::logits)
+// against the reference's, the LSE merge kernel against MergeStates, and the kernel's refusals. Every comparison also attends the step
 // prepared once (PreparedDecode) and requires the same bits.
 #include <cuda_runtime_api.h>
 
@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -212,6 +213,23 @@ std::vector<float> Download(const DeviceBuffer& buffer, size_t floats) {
   return host;
 }
 
+// The shapes of attending `seqs` with GQA groups of `group`, and both caches' page tables.
+struct BatchShape {
+  BatchShape(CachePair& pair, const std::vector<SequenceId>& seqs, int group) {
+    const Geometry& g = pair.options().geometry;
+    q_heads = g.num_kv_heads * group;
+    rows = seqs.size() * q_heads;
+    n = rows * g.head_dim;
+    scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
+    built = pair.cpu().BuildPageTables(seqs, &ct).ok() && pair.gpu().BuildPageTables(seqs, &gt).ok();
+  }
+  int q_heads;
+  size_t rows, n;  // query rows, and their floats
+  float scale;     // the softmax scale, 1 / sqrt(head_dim)
+  PageTables ct, gt;  // the CPU cache's and the CUDA cache's
+  bool built;
+};
+
 // Attends every layer of the pair's caches, each with its own queries, collecting the layers'
 // page weights in one buffer per path: the reference on the CPU cache, the kernel over the tables and over a
 // prepared step on the CUDA cache. Returns "" when the kernel's weights agree with the
@@ -221,13 +239,9 @@ std::vector<float> Download(const DeviceBuffer& buffer, size_t floats) {
 std::string ComparePageWeights(CachePair& pair, const std::vector<SequenceId>& seqs, int group,
                                std::mt19937* rng, bool nan_heads) {
   const Geometry& g = pair.options().geometry;
-  const int q_heads = g.num_kv_heads * group;
-  const size_t rows = seqs.size() * q_heads, n = rows * g.head_dim;
-  const float scale = 1.f / std::sqrt(static_cast<float>(g.head_dim));
-  PageTables ct, gt;
-  if (!pair.cpu().BuildPageTables(seqs, &ct).ok() || !pair.gpu().BuildPageTables(seqs, &gt).ok()) {
-    return "BuildPageTables failed";
-  }
+  const BatchShape shape(pair, seqs, group);
+  const auto& [q_heads, rows, n, scale, ct, gt, built] = shape;
+  if (!built) return "BuildPageTables failed";
   const size_t entries = ct.packed.size();
   if (gt.packed.size() != entries) return "the caches' tables differ in size";
   absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(pair.gpu(), gt);
@@ -309,6 +323,104 @@ TEST(DecodeAttentionTest, RotatedKeys) {
       EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
     }
     EXPECT_EQ(ComparePageWeights(*pair, seqs, 4, &rng, /*nan_heads=*/false), "");
+  }
+}
+
+// Logits (DecodeOutputs::logits): the kernel decodes the keys the reference decodes (the page
+// codec's values, bit for bit) and sums q . k in FP32, so per logit it differs from the
+// reference's double sum by the FP32 rounding of 128 products: at most 128 x 2^-24 of
+// scale x sum |q_i k_i| <= scale x ||q|| ||k|| (Cauchy-Schwarz, whatever the rotation), which
+// kLogitTolerance bounds with room. Past a sequence's length, up to the stride, both are -inf.
+constexpr double kLogitTolerance = 1e-5;
+
+// Attends `seqs` with logits on both caches (stride: the longest plus 37) and returns "" when
+// the kernel's logits agree with the reference's and its output and LSE bits are those of the
+// same call without logits.
+std::string CompareLogits(CachePair& pair, const std::vector<SequenceId>& seqs, int group,
+                          std::mt19937* rng) {
+  const Geometry& g = pair.options().geometry;
+  const BatchShape shape(pair, seqs, group);
+  const auto& [q_heads, rows, n, scale, ct, gt, built] = shape;
+  if (!built) return "BuildPageTables failed";
+  const int64_t stride = *std::max_element(ct.seq_lens.begin(), ct.seq_lens.end()) + 37;
+  std::vector<float> q(n), ref_out(n), ref_lse(rows), want(rows * stride);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (float& x : q) x = normal(*rng);
+  absl::Status s = DecodeAttention(pair.cpu(), 0, ct, {q, q_heads, scale},
+                                   {absl::MakeSpan(ref_out), absl::MakeSpan(ref_lse),
+                                    absl::MakeSpan(want), stride, {}});
+  if (!s.ok()) return absl::StrCat("reference: ", s.ToString());
+  DeviceBuffer dq, dout(n * 4), dlse(rows * 4), dlogits(rows * stride * 4);
+  dq.Upload(q);
+  const DecodeQueries queries{absl::MakeConstSpan(static_cast<const float*>(dq.data()), n), q_heads,
+                              scale};
+  DecodeOutputs out{absl::MakeSpan(static_cast<float*>(dout.data()), n),
+                    absl::MakeSpan(static_cast<float*>(dlse.data()), rows), {}, 0, {}};
+  std::vector<float> plain[2], with_logits[2];
+  for (int logits = 0; logits < 2; ++logits) {
+    if (logits) out.logits = absl::MakeSpan(static_cast<float*>(dlogits.data()), rows * stride);
+    out.logits_stride = logits ? stride : 0;
+    s = DecodeAttention(pair.gpu(), 0, gt, queries, out, {nullptr, true});
+    if (!s.ok()) return absl::StrCat("kernel: ", s.ToString());
+    std::vector<float>* got = logits ? with_logits : plain;
+    got[0] = Download(dout, n), got[1] = Download(dlse, rows);
+  }
+  for (int i = 0; i < 2; ++i) {
+    const std::string diff = CompareFloats(plain[i], with_logits[i]);
+    if (!diff.empty()) return absl::StrCat("logits change the output or LSE: ", diff);
+  }
+  const std::vector<float> got = Download(dlogits, rows * stride);
+  double worst = 0;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int64_t length = ct.seq_lens[b];
+    std::vector<float> k(static_cast<size_t>(length) * g.num_kv_heads * g.head_dim), v(k.size());
+    s = pair.cpu().ReadKV(seqs[b], 0, absl::MakeSpan(k), absl::MakeSpan(v));
+    if (!s.ok()) return absl::StrCat("ReadKV: ", s.ToString());
+    for (int h = 0; h < q_heads; ++h) {
+      const size_t r = b * q_heads + h;
+      const float* qr = q.data() + r * g.head_dim;
+      const double q_norm = std::sqrt(std::inner_product(qr, qr + g.head_dim, qr, 0.0));
+      for (int64_t t = 0; t < stride; ++t) {
+        const float a = got[r * stride + t], e = want[r * stride + t];
+        if (t >= length) {
+          if (a != -INFINITY) return absl::StrCat("row ", r, " token ", t, ": ", a, " past the end");
+          continue;
+        }
+        const float* kt = k.data() + (t * g.num_kv_heads + h / group) * g.head_dim;
+        const double bound = kLogitTolerance * scale * q_norm *
+                             std::sqrt(std::inner_product(kt, kt + g.head_dim, kt, 0.0));
+        const double err = std::fabs(static_cast<double>(a) - e);
+        if (!(err <= bound + 1e-30)) {
+          return absl::StrCat("row ", r, " token ", t, " of ", length, ": logit ", a,
+                              ", reference ", e, " (bound ", bound, ")");
+        }
+        worst = std::max(worst, err / std::max(bound / kLogitTolerance, 1e-30));
+      }
+    }
+  }
+  std::printf("    %zu sequences, group %d: worst logit error %.2e of scale x |q| |k|\n",
+              seqs.size(), group, worst);
+  return "";
+}
+
+// Mixed palettes (FP8 every scope, NVFP4 along head_dim and tokens, split K/V), plain and
+// rotated keys, GQA groups, ragged lengths with an empty sequence and partial tails.
+TEST(DecodeAttentionTest, LogitsMatchTheReference) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  for (int palette : {0, 1, 2}) {
+    for (KeyRotation rotation : {KeyRotation::kNone, KeyRotation::kHadamard}) {
+      SCOPED_TRACE(absl::StrCat(absl::StrJoin(Palettes()[palette], " "),
+                                rotation == KeyRotation::kNone ? "" : ", rotated keys"));
+      Options o = MakeOptions(Palettes()[palette], 512);
+      o.key_rotation = rotation;
+      auto pair = CachePair::Create(o).value();
+      const std::vector<SequenceId> seqs =
+          Fill(*pair, {1, 0, 15, 16, 17, 100, 1000, TestScale(5000)}, &rng);
+      for (int group : {1, 8, 16}) {
+        EXPECT_EQ(CompareLogits(*pair, seqs, group, &rng), "") << "group " << group;
+      }
+    }
   }
 }
 
