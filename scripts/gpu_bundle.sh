@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the GPU tests and benchmark here (Release, CUDA on, sm_90) in build-gpu/, and a shared
+# Builds the GPU tests and benchmark and the kvtier tool (for `kvtier recall --backend cuda`,
+# scripts/recall_gpu.sh) here (Release, CUDA on, sm_90) in build-gpu/, and a shared
 # libkvtier with CUDA in build-pyshared/ (the Python module is compiled against it on the GPU
 # machine, for that machine's Python), and gathers them, stripped, with the non-system shared
 # libraries they load (ldd) and the Abseil headers, into bundle/ for the H200, where
@@ -10,10 +11,11 @@ cd "$(dirname "$0")/.."
 build=build-gpu
 mkdir -p "$build"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_CUDA=ON \
-  -DKVTIER_BUILD_TESTS=ON -DKVTIER_BUILD_BENCHMARKS=OFF -DKVTIER_BUILD_TOOLS=OFF \
-  -DKVTIER_WITH_PROMETHEUS=OFF -DKVTIER_BUILD_PYTHON=OFF >"$build/configure.log" 2>&1 ||
+  -DKVTIER_BUILD_TESTS=ON -DKVTIER_BUILD_BENCHMARKS=OFF -DKVTIER_BUILD_TOOLS=ON \
+  -DKVTIER_WITH_PROMETHEUS=ON -DKVTIER_BUILD_PYTHON=OFF >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; exit 1; }
-cmake --build "$build" -j "${JOBS:-2}" --target kvtier_gpu_tests kvtier_gpu_bench kvtier_tier_bench
+cmake --build "$build" -j "${JOBS:-2}" --target kvtier_gpu_tests kvtier_gpu_bench kvtier_tier_bench \
+  kvtier_tool
 shared=build-pyshared
 mkdir -p "$shared"
 cmake -S . -B "$shared" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_CUDA=ON \
@@ -24,12 +26,13 @@ cmake --build "$shared" -j "${JOBS:-2}" --target kvtier
 
 rm -rf bundle
 mkdir -p bundle/lib bundle/include
-cp "$build/kvtier_gpu_tests" "$build/kvtier_gpu_bench" "$build/kvtier_tier_bench" bundle/
-strip bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench bundle/kvtier_tier_bench
+cp "$build/kvtier_gpu_tests" "$build/kvtier_gpu_bench" "$build/kvtier_tier_bench" "$build/kvtier" bundle/
+strip bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench bundle/kvtier_tier_bench bundle/kvtier
 cp -L "$shared"/libkvtier.so.0 bundle/lib/ && ln -s libkvtier.so.0 bundle/lib/libkvtier.so
 cp -r /usr/include/absl bundle/include/
 # Everything ldd resolves except the C and C++ runtimes, which the target system has (newer).
-for bin in bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench bundle/kvtier_tier_bench bundle/lib/libkvtier.so.0; do
+for bin in bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench bundle/kvtier_tier_bench bundle/kvtier \
+    bundle/lib/libkvtier.so.0; do
   ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
@@ -40,7 +43,7 @@ done
 strip --strip-unneeded bundle/lib/*.so* 2>/dev/null || true
 {
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
-  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src/cuda kernels cmake/cuda.cmake tests/gpu tests/bench 2>/dev/null || echo ' + uncommitted CUDA backend')"
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src/cuda kernels cmake/cuda.cmake tests/gpu tests/bench examples/kvtier 2>/dev/null || echo ' + uncommitted CUDA backend')"
   nvcc --version | tail -1
 } >bundle/BUILD_INFO
 du -sh bundle

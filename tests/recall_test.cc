@@ -8,12 +8,15 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "examples/kvtier/commands.h"
 #include "examples/kvtier/recall_arms.h"
+#include "examples/kvtier/recall_device.h"
+#include "examples/kvtier/recall_flags.h"
 #include "examples/kvtier/recall_generator.h"
 #include "examples/kvtier/recall_metrics.h"
 #include "examples/kvtier/recall_npy.h"
@@ -341,6 +344,20 @@ TEST(RecallSweepTest, ResultsDoNotDependOnTheThreadCount) {
   }
 }
 
+// Where no CUDA backend is usable (a build without CUDA, or no device), a sweep on it is
+// refused before any work, saying why.
+TEST(RecallSweepTest, CudaBackendIsRefusedWhereUnavailable) {
+  if (CudaSweepAvailable().ok()) GTEST_SKIP() << "a CUDA device is usable here";
+  SweepOptions o = SmallSweep();
+  o.arms = {SingleFormatArm(*ParseFormat("fp16"))};
+  o.backend = BackendKind::kCuda;
+  const absl::StatusOr<SweepResult> r = RunSweep(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("--backend cuda"), absl::string_view::npos) << r.status();
+  EXPECT_FALSE(ArmRunner::Create(o.arms[0], 2, 32, 256, 4096, BackendKind::kCuda).ok());
+}
+
 // ---- Metrics and the knee ----
 
 TEST(RecallMetricsTest, WilsonIntervals) {
@@ -537,6 +554,32 @@ TEST(RecallCommandTest, BadFlagsExitWith2) {
   EXPECT_EQ(RunTool({"recall", "--head-dim", "40"}), 2);
   EXPECT_EQ(RunTool({"recall", "--k-npy", "x.npy"}), 2);
   EXPECT_EQ(RunTool({"recall", "--k-npy", "/nonexistent/k.npy", "--v-npy", "/nonexistent/v.npy"}), 2);
+}
+
+// --backend picks where the arms run; the CPU unless asked.
+TEST(RecallCommandTest, BackendFlag) {
+  const auto parse = [](std::vector<std::string> args, RecallFlags* f) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return ParseRecallFlags(static_cast<int>(argv.size()), argv.data(), f);
+  };
+  RecallFlags f;
+  EXPECT_EQ(parse({"recall"}, &f), std::nullopt);
+  EXPECT_EQ(f.sweep.backend, BackendKind::kCpu);
+  RecallFlags cuda;
+  EXPECT_EQ(parse({"recall", "--backend", "cuda"}, &cuda), std::nullopt);
+  EXPECT_EQ(cuda.sweep.backend, BackendKind::kCuda);
+  RecallFlags cpu;
+  EXPECT_EQ(parse({"recall", "--backend=cpu"}, &cpu), std::nullopt);
+  EXPECT_EQ(cpu.sweep.backend, BackendKind::kCpu);
+  RecallFlags bad;
+  EXPECT_EQ(parse({"recall", "--backend", "gpu"}, &bad), 2);
+  EXPECT_EQ(parse({"recall", "--backend"}, &bad), 2);
+  if (!CudaSweepAvailable().ok()) {  // refused with exit status 1, before any trial runs
+    EXPECT_EQ(RunTool({"recall", "--backend", "cuda", "--contexts", "256", "--trials", "2",
+                       "--head-dim", "32", "--kv-heads", "2", "--arm", "fp16", "--no-progress"}),
+              1);
+  }
 }
 
 TEST(RecallCommandTest, WritesJsonAndPlots) {

@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kvtier/attention.h"
 #include "kvtier/reference_attention.h"
-#include "src/attention/reference_attention.h"
 #include "src/relative_error.h"
 #include "src/status_macros.h"
 
@@ -101,7 +101,8 @@ std::vector<Arm> StandardArms() {
 
 absl::StatusOr<std::unique_ptr<ArmRunner>> ArmRunner::Create(const Arm& arm, int32_t kv_heads,
                                                              int32_t head_dim, int64_t max_length,
-                                                             int64_t chunk_tokens) {
+                                                             int64_t chunk_tokens,
+                                                             BackendKind backend) {
   if (arm.palette.empty() || !arm.format_of) {
     return absl::InvalidArgumentError(absl::StrCat("arm ", arm.name, " has no palette or rule"));
   }
@@ -109,6 +110,7 @@ absl::StatusOr<std::unique_ptr<ArmRunner>> ArmRunner::Create(const Arm& arm, int
   o.geometry = Geometry{1, kv_heads, head_dim, 16};
   o.palette = arm.palette;
   o.key_rotation = arm.key_rotation;
+  o.backend = backend;
   if (arm.fixed_k_amax > 0 || arm.fixed_v_amax > 0) {
     o.k_tensor_amax = {arm.fixed_k_amax > 0 ? arm.fixed_k_amax : 1.f};
     o.v_tensor_amax = {arm.fixed_v_amax > 0 ? arm.fixed_v_amax : 1.f};
@@ -143,7 +145,7 @@ absl::Status ArmRunner::Write(const Trial& trial, SequenceId seq) {
     if (!s.ok()) return s;
     const KVInput kv{DType::kFloat16, trial.k_half.data() + at * row,
                      trial.v_half.data() + at * row, n, trial.kv_heads, trial.head_dim};
-    s = cache_->WriteKV(0, slots_, kv);
+    s = io_.WriteKV(*cache_, 0, slots_, kv);
     if (!s.ok()) return s;
     if (arm_.observe_prompt) continue;  // aged once the prompt was observed
     if (arm_.policy) {  // the engine ages what this chunk made old
@@ -185,12 +187,11 @@ absl::Status ArmRunner::Write(const Trial& trial, SequenceId seq) {
 absl::Status ArmRunner::ObservePrompt(const Trial& trial, SequenceId seq) {
   PageTables tables;
   KVTIER_RETURN_IF_ERROR(cache_->BuildPageTables({seq}, &tables));
-  KVTIER_ASSIGN_OR_RETURN(const PagedLayer layer, GetPagedLayer(*cache_, 0));
   const int q_heads = trial.kv_heads * trial.group;
   std::vector<float> out(static_cast<size_t>(q_heads) * trial.head_dim), lse(q_heads),
       weight(tables.packed.size(), 0.f);
-  KVTIER_RETURN_IF_ERROR(PagedDecodeAttention(
-      layer, tables, DecodeQueries{trial.q, q_heads, trial.softmax_scale},
+  KVTIER_RETURN_IF_ERROR(io_.Attend(
+      *cache_, 0, tables, DecodeQueries{trial.q, q_heads, trial.softmax_scale},
       DecodeOutputs{absl::MakeSpan(out), absl::MakeSpan(lse), {}, 0, absl::MakeSpan(weight)}));
   KVTIER_RETURN_IF_ERROR(cache_->RecordAttention(seq, weight));
   // Aging a whole prompt at once demotes more than one step's budget holds: the slabs it empties
@@ -244,15 +245,13 @@ absl::Status ArmRunner::Run(const Trial& trial, bool measure_compute_error, Resu
     result->bits_per_element = cache_->GetStats().effective_bits_per_element;
     PageTables tables;
     status = cache_->BuildPageTables({*seq}, &tables);
-    absl::StatusOr<PagedLayer> layer = GetPagedLayer(*cache_, 0);
-    if (status.ok()) status = layer.status();
     if (status.ok()) {
       result->logits.resize(static_cast<size_t>(q_heads) * trial.length);
       result->out.resize(static_cast<size_t>(q_heads) * trial.head_dim);
       result->lse.resize(q_heads);
       const DecodeQueries queries{trial.q, q_heads, trial.softmax_scale};
-      status = PagedDecodeAttention(
-          *layer, tables, queries,
+      status = io_.Attend(
+          *cache_, 0, tables, queries,
           DecodeOutputs{absl::MakeSpan(result->out), absl::MakeSpan(result->lse),
                         absl::MakeSpan(result->logits), trial.length, {}});
     }

@@ -9,8 +9,10 @@
 // ArmRunner pushes a trial through kvtier itself: Append + WriteKV in FP16 (chunk by chunk),
 // then either Demote of the full blocks of each chunk to their final format (directly, or
 // through every palette format in between for a requantisation chain) or, for a policy arm,
-// EndStep so that the cache's policy engine demotes what aged; then kvtier's CPU reference
-// paged attention over the cache pages. The partial tail block stays hot, as the cache requires.
+// EndStep so that the cache's policy engine demotes what aged; then kvtier's DecodeAttention
+// over the cache pages: the CPU reference on the CPU backend, the fused kernel (and the logits
+// kernel) on the CUDA backend, whose own kernels also write and demote the pages. The partial
+// tail block stays hot, as the cache requires.
 #ifndef KVTIER_EXAMPLES_KVTIER_RECALL_ARMS_H_
 #define KVTIER_EXAMPLES_KVTIER_RECALL_ARMS_H_
 
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "examples/kvtier/recall_cache_io.h"
 #include "examples/kvtier/recall_generator.h"
 #include "kvtier/cache.h"
 #include "kvtier/format.h"
@@ -81,9 +84,12 @@ std::vector<Arm> StandardArms();
 class ArmRunner {
  public:
   // `max_length`: the longest trial it will run. `chunk_tokens`: tokens appended per step.
+  // `backend`: the cache's (kCuda: see recall_cache_io.h; Cache::Create's error where CUDA is
+  // not usable, and the fused kernel's refusals, e.g. of head_dim 64, come from Run).
   static absl::StatusOr<std::unique_ptr<ArmRunner>> Create(const Arm& arm, int32_t kv_heads,
                                                            int32_t head_dim, int64_t max_length,
-                                                           int64_t chunk_tokens = 4096);
+                                                           int64_t chunk_tokens = 4096,
+                                                           BackendKind backend = BackendKind::kCpu);
 
   struct Result {
     std::vector<float> logits;  // [q_heads, length]
@@ -93,8 +99,8 @@ class ArmRunner {
     std::vector<int32_t> block_formats;  // palette index of each block at query time
     // When requested: relative L2 difference between the paged attention output and a dense
     // attention over the cache's own decoding (ReadKV) of the same pages. Zero on the CPU
-    // (both are the reference; for rotated arms, the FP32 rounding of ReadKV's un-rotation);
-    // the slot for a GPU kernel's compute error.
+    // backend (both are the reference; for rotated arms, the FP32 rounding of ReadKV's
+    // un-rotation); on the CUDA backend the fused kernel's compute error.
     double compute_rel_error = -1;
   };
 
@@ -119,6 +125,7 @@ class ArmRunner {
   std::unique_ptr<Cache> cache_;
   int64_t chunk_tokens_;
   std::vector<int64_t> slots_;
+  CacheIo io_;
 };
 
 }  // namespace kvtier::tool

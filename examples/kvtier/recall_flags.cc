@@ -27,6 +27,8 @@ const char kUsage[] =
     "  --plots DIR             write SVG plots into DIR\n"
     "  --seed N                generator seed (default 1)\n"
     "  --threads N             worker threads (default: all cores)\n"
+    "  --backend cpu|cuda      where the arms' caches live and attend: the CPU reference\n"
+    "                          (default) or the GPU's fused kernel (a kvtier built with CUDA)\n"
     "  --kv-heads N            KV heads (default 4)\n"
     "  --head-dim N            head_dim, a multiple of 16 (default 128)\n"
     "  --rope-base X           RoPE base (default 10000; Llama 3 uses 500000)\n"
@@ -199,6 +201,11 @@ FlagResult ParseSweepFlag(FlagReader& r, Requested* req, RecallFlags* f) {
   if (flag == "--plots") return Check(r.Value(&f->plots_dir));
   if (flag == "--seed") return Check(r.Value(&v) && absl::SimpleAtoi(v, &o.seed));
   if (flag == "--threads") return Check(r.Int(1, 1024, &o.threads));
+  if (flag == "--backend") {
+    const bool ok = r.Value(&v) && (v == "cpu" || v == "cuda");
+    o.backend = v == "cuda" ? BackendKind::kCuda : BackendKind::kCpu;
+    return Check(ok);
+  }
   if (flag == "--top-k") return Check(r.Int(1, 1 << 20, &o.top_k));
   if (flag == "--bisect-steps") {
     const bool ok = r.Int(0, 20, &n);

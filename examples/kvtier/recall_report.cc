@@ -89,9 +89,10 @@ void PrintMarkdown(const SweepOptions& o, const SweepResult& r, const RunInfo& i
   const int64_t largest = o.contexts.back();
   const std::string at = ContextLabel(largest);
   std::fprintf(out, "# kvtier recall\n\n`%s` (%s; %d trials per cell = %d trial sequences x %d KV heads; "
-               "head_dim %d; %zu depths; %.0f s)\n\n",
+               "head_dim %d; %zu depths; arms on the %s; %.0f s)\n\n",
                info.command.c_str(), info.date.c_str(), r.trials_per_cell, r.sequences_per_cell,
-               r.kv_heads, r.head_dim, o.depths.size(), r.seconds);
+               r.kv_heads, r.head_dim, o.depths.size(),
+               o.backend == BackendKind::kCuda ? "GPU (fused kernel)" : "CPU (reference)", r.seconds);
   std::fprintf(out,
                "Knee: smallest context where top-1 recall (pooled over depths) falls more than %.1f "
                "points below the %s, or the flip rate exceeds %.1f%%. Metrics at %s tokens, pooled "
@@ -154,6 +155,7 @@ absl::Status WriteJson(const SweepOptions& o, const SweepResult& r, const RunInf
     << "], \"depths\": [" << depths << "], \"trials_per_cell\": " << r.trials_per_cell
     << ", \"sequences_per_cell\": " << r.sequences_per_cell << ", \"kv_heads\": " << r.kv_heads
     << ", \"head_dim\": " << r.head_dim << ", \"top_k\": " << o.top_k << ", \"seed\": " << o.seed
+    << ", \"backend\": " << (o.backend == BackendKind::kCuda ? "\"cuda\"" : "\"cpu\"")
     << ", \"source\": " << (g.dump ? "\"npy\"" : "\"synthetic\"") << ", \"rope_base\": " << Num(g.rope_base)
     << ", \"margin\": " << Num(g.margin) << ", \"sink_margin\": " << Num(g.sink_margin)
     << ", \"logit_std\": " << Num(g.logit_std) << ", \"distractors\": " << g.distractors

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "examples/kvtier/recall_device.h"
 #include "kvtier/reference_attention.h"
 
 namespace kvtier::tool {
@@ -134,7 +135,7 @@ class Evaluator {
       std::unique_ptr<ArmRunner>& runner = runners_[thread][a];
       if (runner == nullptr) {
         absl::StatusOr<std::unique_ptr<ArmRunner>> created = ArmRunner::Create(
-            o_.arms[a], trial->kv_heads, dim, max_length_, o_.chunk_tokens);
+            o_.arms[a], trial->kv_heads, dim, max_length_, o_.chunk_tokens, o_.backend);
         if (!created.ok()) return created.status();
         runner = std::move(*created);
       }
@@ -173,15 +174,21 @@ KneePoint PointOf(int64_t context, const ContextResult& r, int arm, int baseline
   return KneePoint{context, a.top1.value(), b.top1.value(), a.flips.value()};
 }
 
-}  // namespace
-
-absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
+// InvalidArgument for options no sweep can run; Unavailable for a backend not usable here.
+absl::Status CheckSweep(const SweepOptions& o) {
   if (o.contexts.empty() || o.depths.empty() || o.arms.empty() || o.trials < 1 || o.top_k < 1) {
     return absl::InvalidArgumentError("a sweep needs contexts, depths, arms, trials and top_k >= 1");
   }
   if (!std::is_sorted(o.contexts.begin(), o.contexts.end())) {
     return absl::InvalidArgumentError("contexts must be ascending");
   }
+  return o.backend == BackendKind::kCuda ? CudaSweepAvailable() : absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
+  if (absl::Status s = CheckSweep(o); !s.ok()) return s;
   const double start = Now();
   SweepResult result;
   result.kv_heads = o.generator.dump ? o.generator.dump->kv_heads : o.generator.kv_heads;

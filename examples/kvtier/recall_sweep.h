@@ -32,6 +32,10 @@ struct SweepOptions {
   KneeCriterion criterion;
   GeneratorOptions generator;
   std::vector<Arm> arms;  // the baseline for the knee is the arm named "fp16" when present
+  // Where the arms run: the CPU reference on CPU caches, or the fused kernel on CUDA caches
+  // (`--backend cuda`; RunSweep returns Unavailable when that is not possible here). The
+  // generator, the FP32 reference and the metrics run on the host either way.
+  BackendKind backend = BackendKind::kCpu;
   bool progress = true;   // progress lines on stderr
 };
 
