@@ -11,9 +11,13 @@
 //   FastE2M1         compare-and-round without integer compares: three fused multiply-adds
 //                    round |x| onto the three E2M1 binades at once and the smallest result is
 //                    the code. Equal to codec::FloatToE2M1 for every non-NaN input.
+//                    FastPackE2M1x8 packs eight magnitudes the same way and takes the sign
+//                    bits from the caller (from the source bytes, 7 instructions per 8 values).
 //   FastE4M3ToFloat  the hardware E4M3 -> FP16 conversion, then FP16 -> float. Equal to
 //                    codec::E4M3ToFloat for the 254 non-NaN codes; NaN codes give a NaN
 //                    (whose payload may differ).
+//   FastE4M3Magnitude |E4M3ToFloat(code)| x 2^-120 from the code's bits, exact for the 127
+//                    non-NaN magnitudes (no conversion instruction).
 #ifndef KVTIER_KERNELS_FAST_CODEC_CUH_
 #define KVTIER_KERNELS_FAST_CODEC_CUH_
 
@@ -43,33 +47,59 @@ __device__ __forceinline__ float FastE4M3ToFloat(uint32_t code) {
   return __half2float(__half(h));
 }
 
-// The E2M1 code of x plus kE2M1Bias (2^23 as float bits). REQUIRES: x is not NaN.
+// The E2M1 code of |x| plus kE2M1Bias (2^23 as float bits). REQUIRES: x is not NaN.
 // y = min(|x|, 6) lies in one of three binades of E2M1 spacing: [0, 2) with step 0.5, [2, 4)
 // with step 1 and [4, 6] with step 2. Adding 2^23 (+ the binade's first code) to y scaled to
 // unit steps rounds it, in one IEEE rounding, to the nearest code with ties to even, exactly
 // as the codec's midpoint compares do. The scaling that belongs to y's binade gives the
-// smallest of the three candidates, so no compare or select is needed. The sign goes to bit 3
-// (free in the biased value, so OR is addition): callers packing eight codes add the biased
-// values shifted and subtract the bias once.
+// smallest of the three candidates, so no compare or select is needed. The sign bit (bit 3 of
+// the code) is left clear: callers packing eight codes add the biased values shifted,
+// subtract the bias once and OR the sign bits in (SignNibbles8).
+// kSaturate false skips the clamp to 6. REQUIRES then: |x| < 7 (up to 7, the [4, 6] candidate
+// still rounds to code 7).
 constexpr uint32_t kE2M1Bias = 0x4B000000u;
-__device__ __forceinline__ uint32_t FastE2M1Biased(float x) {
-  const float y = fminf(fabsf(x), 6.f);
+template <bool kSaturate = true>
+__device__ __forceinline__ uint32_t FastE2M1MagnitudeBiased(float x) {
+  const float y = kSaturate ? fminf(fabsf(x), 6.f) : fabsf(x);
   const float c1 = __fmaf_rn(y, 2.f, 0x1p23f);
   const float c2 = __fadd_rn(y, 0x1p23f + 2.f);
   const float c3 = __fmaf_rn(y, 0.5f, 0x1p23f + 4.f);
-  return __float_as_uint(fminf(c1, fminf(c2, c3))) | ((__float_as_uint(x) >> 28) & 8u);
+  return __float_as_uint(fminf(c1, fminf(c2, c3)));
 }
 
-// The E2M1 code of x. REQUIRES: x is not NaN.
-__device__ __forceinline__ uint32_t FastE2M1(float x) { return FastE2M1Biased(x) - kE2M1Bias; }
+// The E2M1 code of x: the magnitude code and x's sign bit. REQUIRES: x is not NaN.
+__device__ __forceinline__ uint32_t FastE2M1(float x) {
+  return (FastE2M1MagnitudeBiased(x) - kE2M1Bias) | ((__float_as_uint(x) >> 28) & 8u);
+}
 
-// Eight E2M1 codes of x[i] * m packed as codec::PackE2M1x2 does (x[0] in the low nibble).
-// REQUIRES: no x[i] * m is NaN.
-__device__ __forceinline__ uint32_t FastPackE2M1x8(const float* x, float m) {
+// Bit 4i + 3 set where the sign bit (bit 7) of byte i of the eight bytes b0 (0-3, low byte
+// first) and b1 (4-7) is set: the sign bits of eight packed E2M1 codes.
+__device__ __forceinline__ uint32_t SignNibbles8(uint32_t b0, uint32_t b1) {
+  const uint32_t even = __byte_perm(b0, b1, 0x6420);  // bytes 0, 2, 4, 6
+  const uint32_t odd = __byte_perm(b0, b1, 0x7531);   // bytes 1, 3, 5, 7
+  return ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+}
+
+// Eight E2M1 codes of x[i] * m packed as codec::PackE2M1x2 does (x[0] in the low nibble),
+// with the sign bits `signs` (SignNibbles8: bit 4i + 3 set iff x[i] * m is negative).
+// REQUIRES: no x[i] * m is NaN; with kSaturate false, every |x[i] * m| < 7.
+template <bool kSaturate>
+__device__ __forceinline__ uint32_t FastPackE2M1x8(const float* x, float m, uint32_t signs) {
   uint32_t w = 0;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) w += FastE2M1Biased(x[i] * m) << (4 * i);  // mod 2^32
-  return w - kE2M1Bias * 0x11111111u;
+  for (int i = 0; i < 8; ++i) {
+    w += FastE2M1MagnitudeBiased<kSaturate>(x[i] * m) << (4 * i);  // mod 2^32
+  }
+  return (w - kE2M1Bias * 0x11111111u) | signs;
+}
+
+// |E4M3ToFloat(code)| x 2^-120 for `bits20` = (code & 0x7F) << 20: E4M3's exponent and
+// mantissa fields line up with a float's, 120 binades lower, subnormal codes included (as
+// float subnormals). Exact for the 127 non-NaN magnitudes. Multiplied by scale x 2^120 (exact
+// when that is finite, no flush to zero) it is |E4M3ToFloat(code)| x scale rounded once, the
+// product DecodeRow rounds.
+__device__ __forceinline__ float FastE4M3Magnitude(uint32_t bits20) {
+  return __uint_as_float(bits20);
 }
 
 // max(a, |x|) where a NaN x makes the result NaN (PTX max.NaN): an amax that also flags NaN.

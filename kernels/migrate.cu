@@ -10,39 +10,23 @@
 //     functions throughout (a warp-uniform branch taken before anything is written), so the
 //     fast forms only ever see inputs on which they equal the codec.
 // Tiles of at most kCachedGroups groups per lane (16 x 128 and smaller) stay in registers
-// between the amax pass and the encode pass, as raw bytes for 16-bit sources, so that 3 blocks
-// of 8 warps fit per SM and keep enough loads in flight (docs/gpu.md has the measurements, and
-// a persistent cp.async variant that was slower). Larger tiles are read twice. Codecs that
-// encode token by token (FP16, BF16, FP8 per tensor or per (token, head), NVFP4 per tensor)
-// take a lane per token and the codec functions.
+// between the amax pass and the encode pass (tile_cache.cuh), as raw bytes for FP16, BF16 and
+// E4M3 sources (a kernel compiled for that source type, so that a lane issues all its loads
+// before it waits), so that 3 blocks of 8 warps fit per SM and keep enough loads in flight
+// (docs/gpu.md has the measurements, and a persistent cp.async variant that was slower).
+// Larger tiles are read twice. Codecs that encode token by token (FP16, BF16, FP8 per tensor
+// or per (token, head), NVFP4 per tensor) take a lane per token and the codec functions.
 #include <cfloat>
 #include <cstdint>
 
 #include "kernels/data_plane.cuh"
+#include "kernels/tile_cache.cuh"
 #include "kernels/tile_io.cuh"
 
 namespace kvtier::gpu {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kCachedGroups = 4;
-
-// One warp's work: a (layer, block, head, side) tile.
-struct Tile {
-  const uint8_t* src;  // source page
-  uint8_t* dst;        // destination page
-  int side;            // 0: K, 1: V
-  int head;
-  ElementType src_type;
-  ElementType dst_type;
-  float src_scale;  // per-tensor scales of this side
-  float dst_scale;
-};
-
-// The codec layout of the tile's side in `l` (a kernel parameter: read from constant memory).
-__device__ __forceinline__ const CodecLayout& Side(const PageLayout& l, const Tile& t) {
-  return t.side == 0 ? l.k : l.v;
-}
 
 __device__ __forceinline__ Tile TileOf(const RequantizeParams& p, uint64_t item) {
   // item = ((layer * num_blocks + block) * 2 + side) * heads + head: neighbouring warps
@@ -77,22 +61,6 @@ __device__ __forceinline__ Tile TileOf(const RequantizeParams& p, uint64_t item)
   return t;
 }
 
-// g -> (token, first element) for groups of 16 along head_dim, without a division per group.
-struct GroupIndex {
-  int groups;          // in the tile
-  uint32_t per_token;  // head_dim / 16
-  uint64_t magic;      // ceil(2^32 / per_token): exact for g * per_token < 2^32 / 64
-
-  __device__ explicit GroupIndex(const PageLayout& l)
-      : groups(l.tokens * (l.head_dim / kMicroBlock)),
-        per_token(static_cast<uint32_t>(l.head_dim) / kMicroBlock),
-        magic(0xFFFFFFFFull / per_token + 1) {}
-  __device__ int Token(int g) const { return static_cast<int>((g * magic) >> 32); }
-  __device__ int Dim(int g, int token) const {
-    return (g - token * static_cast<int>(per_token)) * kMicroBlock;
-  }
-};
-
 enum class DstKind { kRowWise, kFp8Block, kNvfp4Block, kNvfp4Channel };
 
 __host__ __device__ DstKind KindOf(const CodecLayout& c) {
@@ -113,83 +81,6 @@ __device__ __forceinline__ float AmaxStepOf(float amax, float x) {
 __device__ __forceinline__ bool AnyNonFinite(float amax) {
   return __any_sync(kFullMask, !(amax <= FLT_MAX));
 }
-
-// ---- Groups kept in registers (fast paths) ----
-
-// 16 source elements: decoded floats for any source...
-template <bool kSrc16>
-struct CachedGroup {
-  float v[16];
-  __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, int token, int d0) {
-    LoadGroup<true>(l, Side(l, t), t.src, t.head, token, d0, t.src_scale, v);
-  }
-  __device__ __forceinline__ void Get(const Tile&, float x[16]) const {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) x[i] = v[i];
-  }
-  __device__ __forceinline__ float AbsMax(const Tile&) const {
-    float a = 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) a = MaxAbsNan(a, v[i]);
-    return a;
-  }
-};
-
-// ...or, for FP16/BF16 sources, the raw 32 bytes (half the registers of floats, so more warps
-// fit), whose amax is taken two values at a time with packed max.NaN (exact: max of halves).
-__device__ __forceinline__ uint32_t MaxNan16x2(uint32_t a, uint32_t b, bool bf16) {
-  uint32_t r;
-  if (bf16) {
-    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  } else {
-    asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  }
-  return r;
-}
-
-template <>
-struct CachedGroup<true> {
-  uint4 a, b;
-  __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, int token, int d0) {
-    const uint8_t* row = t.src + l.PayloadOffset(Side(l, t), t.head, token) + d0 * 2;
-    a = *reinterpret_cast<const uint4*>(row);
-    b = *reinterpret_cast<const uint4*>(row + 16);
-  }
-  __device__ __forceinline__ void Get(const Tile& t, float x[16]) const {
-    const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      x[2 * i] = Decode16<true>(t.src_type, w[i] & 0xFFFFu);
-      x[2 * i + 1] = Decode16<true>(t.src_type, w[i] >> 16);
-    }
-  }
-  __device__ __forceinline__ float AbsMax(const Tile& t) const {
-    const bool bf16 = t.src_type == ElementType::kBf16;
-    const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    uint32_t m = w[0] & 0x7FFF7FFFu;
-#pragma unroll
-    for (int i = 1; i < 8; ++i) m = MaxNan16x2(m, w[i] & 0x7FFF7FFFu, bf16);
-    return MaxAbsNan(Decode16<true>(t.src_type, m & 0xFFFFu), Decode16<true>(t.src_type, m >> 16));
-  }
-};
-
-// All groups of a tile with at most kCachedGroups groups per lane.
-template <bool kSrc16>
-struct TileCache {
-  CachedGroup<kSrc16> group[kCachedGroups];
-
-  __device__ __forceinline__ void Load(const PageLayout& sl, const Tile& t, int lane) {
-    const GroupIndex gi(sl);
-#pragma unroll
-    for (int k = 0; k < kCachedGroups; ++k) {
-      const int g = lane + 32 * k;
-      if (g < gi.groups) {
-        const int token = gi.Token(g);
-        group[k].Load(sl, t, token, gi.Dim(g, token));
-      }
-    }
-  }
-};
 
 // ---- Encoders of one group of 16 elements along head_dim ----
 
@@ -237,12 +128,14 @@ __device__ __forceinline__ uint8_t MicroScale(float s_enc, float micro_amax, flo
 }
 
 // The E2M1 codes of 8 values x[i] * m, packed (x[0] in the low nibble); all zero when m == 0,
-// as codec::Nvfp4EncodeValue. Computed without a branch, then masked.
-template <bool kFast>
-__device__ __forceinline__ uint32_t PackE2M1x8(const float* x, float m) {
+// as codec::Nvfp4EncodeValue. Computed without a branch, then masked. With kFast the sign bits
+// are `signs` (FloatSignNibbles of the values; the magnitudes of x are used), and kSaturate
+// false skips the clamp to 6 (REQUIRES then |x[i] * m| < 7).
+template <bool kFast, bool kSaturate = true>
+__device__ __forceinline__ uint32_t PackE2M1x8(const float* x, float m, uint32_t signs) {
   uint32_t w = 0;
   if (kFast) {
-    w = FastPackE2M1x8(x, m);
+    w = FastPackE2M1x8<kSaturate>(x, m, signs);
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) w |= codec::FloatToE2M1(x[i] * m) << (4 * i);
@@ -250,15 +143,27 @@ __device__ __forceinline__ uint32_t PackE2M1x8(const float* x, float m) {
   return m > 0.f ? w : 0u;
 }
 
-// One NVFP4 micro-block along head_dim whose amax is `micro_amax`.
+// One NVFP4 micro-block along head_dim whose amax is `micro_amax`; signs[h]: the sign bits of
+// x[8h..8h+7] (see PackE2M1x8).
+// With a normal micro-scale (code >= 8: sf within 1/16 of t = S_enc a / 6, and at most 448
+// since a <= A), every |x| m <= 6 (t / sf) (1 + 2^-21) <= 6.375 (1 + 2^-21) < 7, so the fast
+// form needs no clamp; subnormal micro-scales (tiny micro-blocks against the block's amax) take
+// the clamped form.
 template <bool kFast>
 __device__ __forceinline__ void StoreNvfp4Group(const PageLayout& dl, const Tile& t, int token,
                                                 int d0, const float x[16], float micro_amax,
-                                                float s_enc) {
+                                                float s_enc, const uint32_t signs[2]) {
   float m;
-  t.dst[dl.MicroOffset(Side(dl, t), t.head, token, d0)] = MicroScale<kFast>(s_enc, micro_amax, &m);
-  *reinterpret_cast<uint2*>(t.dst + dl.PayloadOffset(Side(dl, t), t.head, token) + d0 / 2) =
-      make_uint2(PackE2M1x8<kFast>(x, m), PackE2M1x8<kFast>(x + 8, m));
+  const uint8_t sf = MicroScale<kFast>(s_enc, micro_amax, &m);
+  t.dst[dl.MicroOffset(Side(dl, t), t.head, token, d0)] = sf;
+  uint2 q;
+  if (!kFast || sf < 8) {
+    q = make_uint2(PackE2M1x8<kFast>(x, m, signs[0]), PackE2M1x8<kFast>(x + 8, m, signs[1]));
+  } else {
+    q = make_uint2(PackE2M1x8<true, false>(x, m, signs[0]),
+                   PackE2M1x8<true, false>(x + 8, m, signs[1]));
+  }
+  *reinterpret_cast<uint2*>(t.dst + dl.PayloadOffset(Side(dl, t), t.head, token) + d0 / 2) = q;
 }
 
 // The per-(block, head) fp32 scale and the value multiplier of a block-scoped codec.
@@ -273,10 +178,10 @@ __device__ __forceinline__ float StoreBlockScale(const PageLayout& dl, const Til
 // ---- Fast path over a cached tile: FP8 or NVFP4 (along head_dim) per (block, head) ----
 
 // Returns false, having written nothing, when the tile holds a NaN or an Inf.
-template <bool kSrc16>
+template <SrcKind kSrc>
 __device__ __forceinline__ bool CachedBlockTile(const PageLayout& sl, const PageLayout& dl,
                                                 const Tile& t, int lane,
-                                                const TileCache<kSrc16>& cache) {
+                                                const TileCache<kSrc>& cache) {
   const GroupIndex gi(sl);
   float micro[kCachedGroups];
   float amax = 0.f;
@@ -294,10 +199,12 @@ __device__ __forceinline__ bool CachedBlockTile(const PageLayout& sl, const Page
     if (g < gi.groups) {
       const int token = gi.Token(g);
       float x[16];
-      cache.group[k].Get(t, x);
       if (nvfp4) {
-        StoreNvfp4Group<true>(dl, t, token, gi.Dim(g, token), x, micro[k], mult);
+        cache.group[k].Magnitudes(t, x);
+        const uint32_t signs[2] = {cache.group[k].Signs(t, 0), cache.group[k].Signs(t, 1)};
+        StoreNvfp4Group<true>(dl, t, token, gi.Dim(g, token), x, micro[k], mult, signs);
       } else {
+        cache.group[k].Get(t, x);
         StoreFp8Group<true>(dl, t, token, gi.Dim(g, token), x, mult);
       }
     }
@@ -331,7 +238,8 @@ __device__ __forceinline__ bool StreamBlockTile(const PageLayout& sl, const Page
       float micro = 0.f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) micro = AmaxStepOf<kFast>(micro, x[i]);
-      StoreNvfp4Group<kFast>(dl, t, token, d0, x, micro, mult);
+      const uint32_t signs[2] = {FloatSignNibbles(x), FloatSignNibbles(x + 8)};
+      StoreNvfp4Group<kFast>(dl, t, token, d0, x, micro, mult, signs);
     } else {
       StoreFp8Group<kFast>(dl, t, token, d0, x, mult);
     }
@@ -416,17 +324,17 @@ __device__ __noinline__ void ExactTile(const PageLayout& sl, const PageLayout& d
   }
 }
 
-// A warp per tile. kSrc16: both sides of the source format are FP16 or BF16, which compiles
-// the other source codecs out.
+// A warp per tile. kSrc: the source element types it is compiled for (SrcKind).
 // kBlocksPerSm blocks of 8 warps per SM: more warps keep more loads in flight, fewer
 // registers per thread leave less room for independent work (RequantizeVariant).
-template <bool kFast, bool kSrc16, int kBlocksPerSm>
+template <bool kFast, SrcKind kSrc, int kBlocksPerSm>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm)
     RequantizeKernel(const __grid_constant__ RequantizeParams p) {
   const uint64_t item =
       static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (item >= static_cast<uint64_t>(p.num_layers) * p.num_blocks * 2 * p.src.heads) return;
   const int lane = threadIdx.x % 32;
+  constexpr bool kSrc16 = kSrc == SrcKind::k16;
   const Tile t = TileOf(p, item);
   if (kFast) {
     const GroupIndex gi(p.src);
@@ -434,9 +342,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm)
       case DstKind::kFp8Block:
       case DstKind::kNvfp4Block:
         if (gi.groups <= 32 * kCachedGroups) {
-          TileCache<kSrc16> cache;
+          TileCache<kSrc> cache;
           cache.Load(p.src, t, lane);
-          if (CachedBlockTile<kSrc16>(p.src, p.dst, t, lane, cache)) return;
+          if (CachedBlockTile<kSrc>(p.src, p.dst, t, lane, cache)) return;
         } else if (StreamBlockTile<true, kSrc16>(p.src, p.dst, t, lane)) {
           return;
         }
@@ -460,20 +368,23 @@ cudaError_t LaunchRequantize(const RequantizeParams& p, cudaStream_t stream) {
   auto is16 = [](const CodecLayout& c) {
     return c.type == ElementType::kFp16 || c.type == ElementType::kBf16;
   };
+  const bool e4m3 = p.src.k.type == ElementType::kFp8E4M3 && p.src.v.type == ElementType::kFp8E4M3;
   const uint64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 0x7FFFFFFFull) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(blocks));
   constexpr int kThreads = kWarpsPerBlock * 32;
   if (!p.fast) {
-    RequantizeKernel<false, false, 2><<<grid, kThreads, 0, stream>>>(p);
+    RequantizeKernel<false, SrcKind::kAny, 2><<<grid, kThreads, 0, stream>>>(p);
+  } else if (e4m3) {
+    RequantizeKernel<true, SrcKind::kE4M3, 3><<<grid, kThreads, 0, stream>>>(p);
   } else if (!is16(p.src.k) || !is16(p.src.v)) {
-    RequantizeKernel<true, false, 2><<<grid, kThreads, 0, stream>>>(p);
+    RequantizeKernel<true, SrcKind::kAny, 2><<<grid, kThreads, 0, stream>>>(p);
   } else if (p.variant == RequantizeVariant::kTwoBlocksPerSm) {
-    RequantizeKernel<true, true, 2><<<grid, kThreads, 0, stream>>>(p);
+    RequantizeKernel<true, SrcKind::k16, 2><<<grid, kThreads, 0, stream>>>(p);
   } else if (p.variant == RequantizeVariant::kFourBlocksPerSm) {
-    RequantizeKernel<true, true, 4><<<grid, kThreads, 0, stream>>>(p);
+    RequantizeKernel<true, SrcKind::k16, 4><<<grid, kThreads, 0, stream>>>(p);
   } else {
-    RequantizeKernel<true, true, 3><<<grid, kThreads, 0, stream>>>(p);
+    RequantizeKernel<true, SrcKind::k16, 3><<<grid, kThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

@@ -38,10 +38,12 @@ __global__ void SelfCheckKernel(unsigned long long* counts, unsigned int* first)
             __float_as_uint(codec::HalfToFloat(static_cast<uint16_t>(u)))) {
       Mismatch(counts, first, 2, u);
     }
-    if (u < 0x100u && (u & 0x7Fu) != 0x7Fu &&
-        __float_as_uint(FastE4M3ToFloat(u)) !=
-            __float_as_uint(codec::E4M3ToFloat(static_cast<uint8_t>(u)))) {
-      Mismatch(counts, first, 3, u);
+    if (u < 0x100u && (u & 0x7Fu) != 0x7Fu) {
+      const float e = codec::E4M3ToFloat(static_cast<uint8_t>(u));
+      if (__float_as_uint(FastE4M3ToFloat(u)) != __float_as_uint(e) ||
+          FastE4M3Magnitude((u & 0x7Fu) << 20) * 0x1p120f != fabsf(e)) {
+        Mismatch(counts, first, 3, u);
+      }
     }
   }
 }
