@@ -63,8 +63,9 @@ __device__ __forceinline__ uint32_t FloatSignNibbles(const float* x) {
 }
 
 // ---- Groups kept in registers (fast paths) ----
-// Each gives the 16 values (Get), values with the same magnitudes for the NVFP4 encoder, whose
-// signs come from Signs (Magnitudes), their amax (AbsMax, NaN or +Inf if not finite).
+// Each gives: Get, the 16 values; Magnitudes, values with their magnitudes (signs may be
+// dropped) for the NVFP4 encoder, which takes the signs from Signs; AbsMax, their largest
+// magnitude, NaN or +Inf where the fast forms must not be used.
 
 // 16 source elements: decoded floats for any source...
 template <SrcKind kSrc>
