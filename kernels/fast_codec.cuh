@@ -55,7 +55,7 @@ __device__ __forceinline__ float FastE4M3ToFloat(uint32_t code) {
 // smallest of the three candidates, so no compare or select is needed. The sign bit (bit 3 of
 // the code) is left clear: callers packing eight codes add the biased values shifted,
 // subtract the bias once and OR the sign bits in (SignNibbles8).
-// kSaturate false skips the clamp to 6. REQUIRES then: |x| < 7 (up to 7, the [4, 6] candidate
+// kSaturate false skips the clamp to 6. REQUIRES then: |x| < 7 (below 7 the [4, 6] candidate
 // still rounds to code 7).
 constexpr uint32_t kE2M1Bias = 0x4B000000u;
 template <bool kSaturate = true>
