@@ -376,6 +376,11 @@ std::string CompareLogits(CachePair& pair, const std::vector<SequenceId>& seqs, 
     std::vector<float> k(static_cast<size_t>(length) * g.num_kv_heads * g.head_dim), v(k.size());
     s = pair.cpu().ReadKV(seqs[b], 0, absl::MakeSpan(k), absl::MakeSpan(v));
     if (!s.ok()) return absl::StrCat("ReadKV: ", s.ToString());
+    std::vector<double> k_norm(static_cast<size_t>(length) * g.num_kv_heads);  // [token][head]
+    for (size_t i = 0; i < k_norm.size(); ++i) {
+      const float* ki = k.data() + i * g.head_dim;
+      k_norm[i] = std::sqrt(std::inner_product(ki, ki + g.head_dim, ki, 0.0));
+    }
     for (int h = 0; h < q_heads; ++h) {
       const size_t r = b * q_heads + h;
       const float* qr = q.data() + r * g.head_dim;
@@ -386,9 +391,8 @@ std::string CompareLogits(CachePair& pair, const std::vector<SequenceId>& seqs, 
           if (a != -INFINITY) return absl::StrCat("row ", r, " token ", t, ": ", a, " past the end");
           continue;
         }
-        const float* kt = k.data() + (t * g.num_kv_heads + h / group) * g.head_dim;
-        const double bound = kLogitTolerance * scale * q_norm *
-                             std::sqrt(std::inner_product(kt, kt + g.head_dim, kt, 0.0));
+        const double bound =
+            kLogitTolerance * scale * q_norm * k_norm[t * g.num_kv_heads + h / group];
         const double err = std::fabs(static_cast<double>(a) - e);
         if (!(err <= bound + 1e-30)) {
           return absl::StrCat("row ", r, " token ", t, " of ", length, ": logit ", a,
