@@ -46,6 +46,7 @@ target_sources(kvtier PRIVATE
   kernels/read_page.cu
   kernels/rotate.cu
   kernels/self_check.cu
+  src/cuda/cuda_append_step.cc
   src/cuda/cuda_backend.cc
   src/cuda/cuda_data_plane.cc
   src/cuda/cuda_host_tier.cc
@@ -75,6 +76,7 @@ if(KVTIER_BUILD_TESTS)
     tests/gpu/cuda_stress_test.cc
     tests/gpu/decode_attention_test.cc
     tests/gpu/host_tier_gpu_test.cc
+    tests/gpu/prepared_append_gpu_test.cc
   )
   kvtier_cuda_target(kvtier_gpu_tests)
   target_include_directories(kvtier_gpu_tests PRIVATE ${PROJECT_SOURCE_DIR})

@@ -25,6 +25,22 @@ struct RowSlot {
   uint32_t token;
 };
 
+// rows[i] = slots[i] split at `tokens` tokens per page, for i < n.
+inline void SplitSlots(const int64_t* slots, size_t n, uint32_t tokens, RowSlot* rows) {
+  if ((tokens & (tokens - 1)) == 0) {  // the usual case: shifts, which the compiler vectorizes
+    const int shift = __builtin_ctz(tokens);
+    for (size_t i = 0; i < n; ++i) {
+      rows[i].page = static_cast<uint32_t>(static_cast<uint64_t>(slots[i]) >> shift);
+      rows[i].token = static_cast<uint32_t>(slots[i]) & (tokens - 1);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      rows[i].page = static_cast<uint32_t>(slots[i] / tokens);
+      rows[i].token = static_cast<uint32_t>(slots[i] % tokens);
+    }
+  }
+}
+
 struct WriteRowsParams {
   uint8_t* base = nullptr;  // the hot pool of one layer
   PageLayout layout{};
@@ -45,6 +61,42 @@ struct WriteRowsParams {
 
 // Encodes rows as page_codec.h's EncodeRow does (the hot format is token-wise).
 cudaError_t LaunchWriteRows(const WriteRowsParams& p, cudaStream_t stream);
+
+// One layer's hot pool in a WriteLayers call.
+struct AppendPool {
+  uint8_t* base = nullptr;
+  float k_scale = 1.f;  // per-tensor scales (ScaleScope::kTensor codecs)
+  float v_scale = 1.f;
+};
+
+// Layers whose K/V inputs one WriteLayers launch takes (by value, so that a launch captured in a
+// CUDA graph keeps its own inputs): 2 KiB of pointers, under the 4 KiB classic parameter limit.
+constexpr int kWriteLayersMax = 128;
+
+// The rows of every layer of a decode step, appended with the same slots in each layer.
+struct WriteLayersParams {
+  PageLayout layout{};                 // the hot format's, the same in every layer
+  const AppendPool* pools = nullptr;   // device [num_layers]
+  const RowSlot* slots = nullptr;      // device [max_rows]
+  const int64_t* num_rows = nullptr;   // device: the rows to write, <= max_rows
+  int64_t max_rows = 0;                // the grid covers this many rows
+  int32_t num_layers = 0;              // REQUIRES: 1 to kWriteLayersMax
+  bool bf16 = false;                   // inputs are BF16 (else FP16)
+  // Rotated keys (Options::key_rotation): device scratch [num_layers, max_rows, heads, head_dim]
+  // FP32 that the launch fills with R_h k first; null when keys are not rotated.
+  float* k_rotated = nullptr;
+  uint64_t key_rotation_seed = 0;
+  unsigned long long* nonfinite = nullptr;  // device counter, incremented by NaN/Inf inputs
+  int num_sms = 0;                          // multiprocessors of the device. REQUIRES: > 0
+  const void* k[kWriteLayersMax] = {};      // device [num_rows, heads, head_dim] per layer
+  const void* v[kWriteLayersMax] = {};
+};
+
+// Encodes row i of every layer's k and v into slot slots[i] of that layer's pool, exactly as
+// LaunchWriteRows does layer by layer, in one kernel launch (blockIdx.z is the layer); with
+// rotated keys a rotation launch of every layer's keys comes first. The row count is read on the
+// device, so a captured launch replays over the slots and count in its buffers at replay time.
+cudaError_t LaunchWriteLayers(const WriteLayersParams& p, cudaStream_t stream);
 
 // Rows rotated by the key rotation R_h (kernels/codec/hadamard.h), bit-identical to
 // codec::RotateKey: out[r] = R_h in[r] with h = (r % heads) / group, so that keys

@@ -3,16 +3,15 @@
 // rotates new keys with it before encoding them; decode attention rotates the step's queries
 // once, into a scratch buffer the fused kernel then reads as its queries.
 //
-// A block per row: the row is staged in shared memory with its signs applied, then the
-// butterflies run stage by stage (stage h = 1, 2, 4, ...), each pair (j, j + h) taken by one
-// thread, exactly the operations of codec::FastHadamard in the same order, so that the output is
-// bit-identical to the CPU backend's (compiled with --fmad=false, as every kernel here).
+// A block per row, rotated in shared memory by kernels/rotate_row.cuh (bit-identical to the CPU
+// backend's codec::RotateKey).
 #include <cstdint>
 
 #include "kernels/codec/hadamard.h"
 #include "kernels/codec/half.h"
 #include "kernels/data_plane.cuh"
 #include "kernels/dependent_launch.cuh"
+#include "kernels/rotate_row.cuh"
 
 namespace kvtier::gpu {
 namespace {
@@ -34,23 +33,8 @@ __global__ void __launch_bounds__(kRotateThreads) RotateRowsKernel(const RotateR
   for (int64_t row = blockIdx.x; row < p.num_rows; row += gridDim.x) {
     const int head = static_cast<int>(row % p.heads) / p.group;
     const int64_t first = row * n;
-    for (int d = threadIdx.x; d < n; d += blockDim.x) {
-      x[d] = InputAt(p, first + d) * codec::RotationSign(p.seed, head, d);
-    }
-    for (int h = 1; h < n; h <<= 1) {
-      __syncthreads();
-      for (int j = threadIdx.x; j < n / 2; j += blockDim.x) {
-        const int i = (j / h) * 2 * h + j % h;
-        const float a = x[i];
-        const float b = x[i + h];
-        x[i] = a + b;
-        x[i + h] = a - b;
-      }
-    }
-    __syncthreads();
-    const float scale = codec::HadamardScale(n);
-    for (int d = threadIdx.x; d < n; d += blockDim.x) p.out[first + d] = x[d] * scale;
-    __syncthreads();  // x is refilled by the next row
+    RotateRowInBlock(x, n, p.seed, head, [&](int d) { return InputAt(p, first + d); },
+                     p.out + first);
   }
 }
 

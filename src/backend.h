@@ -77,6 +77,23 @@ class Backend {
                                  absl::Span<const uint32_t> src_pages,
                                  absl::Span<const uint32_t> dst_pages) = 0;
 
+  // Device work that callers enqueue on their own streams (PreparedAppend's WriteKVLayers).
+  // The device counter such work adds its NaN/Inf input counts to, folded into *nonfinite as
+  // WriteRows' counts are (the binding of WriteRows' latest call is replaced); null on backends
+  // that run no device work.
+  virtual absl::StatusOr<void*> DeviceNonfiniteCounter(int64_t* nonfinite) {
+    (void)nonfinite;
+    return nullptr;
+  }
+  // Orders `stream` (a cudaStream_t on CUDA) after the work issued here so far when
+  // `stream_waits`, or this backend's later work after the work enqueued on `stream` so far
+  // otherwise. OK and nothing to do on synchronous backends.
+  virtual absl::Status JoinStream(void* stream, bool stream_waits) {
+    (void)stream;
+    (void)stream_waits;
+    return absl::OkStatus();
+  }
+
   // True when every call above has completed on return, so freed pages may be reused at once.
   virtual bool synchronous() const = 0;
   // A fence that passes once all work issued so far has completed.

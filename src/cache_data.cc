@@ -99,6 +99,25 @@ absl::Status CacheImpl::CheckSlots(int32_t layer, absl::Span<const int64_t> slot
   return absl::OkStatus();
 }
 
+absl::Status CacheImpl::CheckSlotList(absl::Span<const int64_t> slots) const {
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const absl::Status s = CheckSlot(slots[i]);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("slots[", i, "]: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> CacheImpl::DeviceNonfiniteCounter() {
+  MutexLock lock(&mu_);
+  return backend_->DeviceNonfiniteCounter(&metrics_.nonfinite_values);
+}
+
+absl::Status CacheImpl::JoinStream(void* stream, bool stream_waits) {
+  MutexLock lock(&mu_);
+  return backend_->JoinStream(stream, stream_waits);
+}
+
 absl::Status CacheImpl::WriteKV(int32_t layer, absl::Span<const int64_t> slots, const KVInput& kv) {
   MutexLock lock(&mu_);
   KVTIER_RETURN_IF_ERROR(CheckSlots(layer, slots, kv));

@@ -66,6 +66,18 @@ class CacheImpl final : public Cache {
   std::vector<IndexedBlock> IndexedBlocks() const override;
   absl::Status CheckConsistency() const override;
 
+  // PreparedAppend's hooks (src/prepared_append.cc), each taking the mutex where it reads state.
+  // OK when WriteKV could write into `slots` now; otherwise CheckSlot's error for the first bad
+  // slot, naming its index.
+  absl::Status CheckSlotList(absl::Span<const int64_t> slots) const;
+  // InvalidArgument unless `kv` is an FP16 or BF16 input of `num_tokens` tokens of this geometry.
+  absl::Status CheckInput(const KVInput& kv, int64_t num_tokens) const;
+  // The backend's device counter for appends enqueued on callers' streams, bound to this
+  // cache's count (CacheStats::nonfinite_values); null on the CPU backend.
+  absl::StatusOr<void*> DeviceNonfiniteCounter();
+  // Backend::JoinStream.
+  absl::Status JoinStream(void* stream, bool stream_waits);
+
  private:
   CacheImpl(const Options& options, std::unique_ptr<Backend> backend,
             std::unique_ptr<PageStore> pages, std::unique_ptr<PageStore> host,
@@ -124,7 +136,6 @@ class CacheImpl final : public Cache {
 
   // K/V in and out (cache_data.cc).
   absl::Status CheckLayer(int32_t layer) const;
-  absl::Status CheckInput(const KVInput& kv, int64_t num_tokens) const;
   // OK when `slot` is reserved in a block that only one sequence holds; otherwise which case
   // it is (out of range, a released or empty page, an unreserved offset, a shared block).
   absl::Status CheckSlot(int64_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

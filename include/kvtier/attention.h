@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kvtier/cache.h"
+#include "kvtier/device_launch.h"
 #include "kvtier/export.h"
 #include "kvtier/page_tables.h"
 
@@ -62,12 +63,6 @@ struct DecodeOutputs {
   // collects a step's layers: zero it first. A head whose LSE is not finite adds nothing.
   // Device memory on the CUDA backend.
   absl::Span<float> page_weight;
-};
-
-// How work on the CUDA backend is launched; ignored on the CPU backend.
-struct DeviceLaunch {
-  void* stream = nullptr;    // a cudaStream_t. Default: the legacy default stream
-  bool synchronize = false;  // wait for the work to finish. Default: return once enqueued
 };
 
 // Decode attention over `layer` of `cache` for the batch of `tables` (BuildPageTables of this

@@ -122,6 +122,7 @@ absl::Status CudaBackend::Init() {
   for (StagingSlot& s : staging_) {
     KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
   }
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
   std::call_once(g_check_once, [this] {
     // KVTIER_CUDA_FAST_CODEC: "check" (default) runs the self-check; "on" trusts the fast
     // conversions without it (for compute-sanitizer runs, where it is slow); "off" uses the
@@ -161,6 +162,7 @@ CudaBackend::~CudaBackend() {
     if (s.copied != nullptr) cudaEventDestroy(s.copied);
     if (s.host != nullptr) cudaFreeHost(s.host);
   }
+  if (joined_ != nullptr) cudaEventDestroy(joined_);
   if (snapshots_ != nullptr) cudaFreeHost(snapshots_);
   cudaFree(nonfinite_device_);
   cudaFree(device_staging_);

@@ -88,6 +88,8 @@ class CudaBackend final : public Backend {
   absl::Status CopyPages(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
                          absl::Span<const uint32_t> src_pages,
                          absl::Span<const uint32_t> dst_pages) override;
+  absl::StatusOr<void*> DeviceNonfiniteCounter(int64_t* nonfinite) override;
+  absl::Status JoinStream(void* stream, bool stream_waits) override;
   bool synchronous() const override { return false; }
   absl::StatusOr<uint64_t> RecordFence() override;
   bool FencePassed(uint64_t fence) override;
@@ -151,6 +153,8 @@ class CudaBackend final : public Backend {
   // Non-finite counter: enqueue a copy to the host, fold completed copies into the sink.
   void SnapshotNonfinite();
   void FoldNonfinite();
+  // Makes `nonfinite` the sink of the counter (folding what the previous sink is owed first).
+  void BindNonfinite(int64_t* nonfinite);
 
   const DriverApi* const api_;
   const int device_;
@@ -179,6 +183,7 @@ class CudaBackend final : public Backend {
   void* rotated_ = nullptr;  // WriteRows' rotated keys (Options::key_rotation), FP32
   size_t rotated_bytes_ = 0;
 
+  cudaEvent_t joined_ = nullptr;  // JoinStream's event, re-recorded by each call
   unsigned long long* nonfinite_device_ = nullptr;
   uint64_t* snapshots_ = nullptr;  // pinned [kSnapshots]
   cudaEvent_t snapshot_done_[kSnapshots] = {};

@@ -92,6 +92,31 @@ void CudaBackend::FoldNonfinite() {
   }
 }
 
+void CudaBackend::BindNonfinite(int64_t* nonfinite) {
+  if (nonfinite != nonfinite_sink_) {
+    FoldNonfinite();
+    nonfinite_sink_ = nonfinite;
+  }
+}
+
+absl::StatusOr<void*> CudaBackend::DeviceNonfiniteCounter(int64_t* nonfinite) {
+  KVTIER_RETURN_IF_ERROR(sticky_);
+  BindNonfinite(nonfinite);
+  return static_cast<void*>(nonfinite_device_);
+}
+
+// ---- Streams of callers ----
+
+absl::Status CudaBackend::JoinStream(void* stream, bool stream_waits) {
+  KVTIER_RETURN_IF_ERROR(sticky_);
+  const auto other = static_cast<cudaStream_t>(stream);
+  if (other == stream_) return absl::OkStatus();
+  // A wait enqueued on an event takes the record before it: re-recording later is safe.
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaEventRecord(joined_, stream_waits ? stream_ : other));
+  KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_waits ? other : stream_, joined_, 0));
+  return absl::OkStatus();
+}
+
 // ---- Data plane ----
 
 absl::StatusOr<const float*> CudaBackend::RotateKeys(const PoolView& pool, const KVInput& kv) {
@@ -117,27 +142,12 @@ absl::Status CudaBackend::WriteRows(const PoolView& pool, absl::Span<const int64
     return absl::InvalidArgumentError("K/V input must be FP16 or BF16");
   }
   if (slots.empty()) return absl::OkStatus();
-  if (nonfinite != nonfinite_sink_) {
-    FoldNonfinite();
-    nonfinite_sink_ = nonfinite;
-  }
+  BindNonfinite(nonfinite);
   const PageLayout& l = pool.layout;
   const size_t bytes = slots.size() * sizeof(gpu::RowSlot);
   KVTIER_ASSIGN_OR_RETURN(void* host, StageHost(bytes));
   auto* rows = static_cast<gpu::RowSlot*>(host);
-  const uint32_t tokens = static_cast<uint32_t>(l.tokens);
-  if ((tokens & (tokens - 1)) == 0) {  // the usual case: shifts, which the compiler vectorizes
-    const int shift = __builtin_ctz(tokens);
-    for (size_t i = 0; i < slots.size(); ++i) {
-      rows[i].page = static_cast<uint32_t>(static_cast<uint64_t>(slots[i]) >> shift);
-      rows[i].token = static_cast<uint32_t>(slots[i]) & (tokens - 1);
-    }
-  } else {
-    for (size_t i = 0; i < slots.size(); ++i) {
-      rows[i].page = static_cast<uint32_t>(slots[i] / tokens);
-      rows[i].token = static_cast<uint32_t>(slots[i] % tokens);
-    }
-  }
+  gpu::SplitSlots(slots.data(), slots.size(), static_cast<uint32_t>(l.tokens), rows);
   KVTIER_ASSIGN_OR_RETURN(void* device_rows, Upload(bytes));
   gpu::WriteRowsParams p;
   p.base = pool.base;

@@ -6,7 +6,9 @@
 //     a few other pairs, over 32 layers x 1024 blocks x 8 heads x 128 x 16 tokens (2 GiB of
 //     FP16 pages), one launch each;
 //   - append: batch 256 x 1 token (decode) and 256 x 512 tokens (prefill) into FP16 pages, the
-//     kernel alone and through CudaBackend::WriteRows (with slot staging);
+//     kernel alone and through CudaBackend::WriteRows (with slot staging); and 256 x 1 token into
+//     each of 32 layers in one launch (LaunchWriteLayers), alone, through a cache's
+//     PreparedAppend (Update + WriteKVLayers) and replayed from a CUDA graph;
 //   - decode attention: the streaming read roof (4 GiB), and the fused decode kernel for FP16,
 //     FP8, NVFP4 and the balanced mix over batch {1, 8, 64, 256} x context {1K, 8K, 32K, 128K},
 //     8 KV / 32 query heads, head_dim 128, 16-token pages in shuffled order, reported as bytes
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <numeric>
 #include <random>
@@ -34,8 +37,10 @@
 #include "kernels/data_plane.cuh"
 #include "kernels/decode_attention.cuh"
 #include "kernels/page_layout.h"
+#include "kvtier/cache.h"
 #include "kvtier/format.h"
 #include "kvtier/page_tables.h"
+#include "kvtier/prepared_append.h"
 #include "src/cuda/cuda_backend.h"
 
 namespace kvtier {
@@ -282,6 +287,110 @@ void Append(cudaStream_t stream, CudaBackend* backend, int seqs, int tokens, con
   CHECK_CUDA(cudaFree(nonfinite));
 }
 
+
+// Appends 256 sequences x 1 token to each of 32 layers (Append's decode case in every layer):
+// one launch of LaunchWriteLayers over 32 FP16 pools ("_kernel"); and through a 32-layer CUDA
+// cache's PreparedAppend on `stream`, Update + WriteKVLayers per step ("_backend": slot checks,
+// pool table, upload and the stream joins included) and WriteKVLayers captured in a CUDA graph
+// and replayed ("_graph").
+void AppendLayers(cudaStream_t stream, int sms, std::vector<Result>* out) {
+  constexpr int kLayers = 32, kSeqs = 256, kHeads = 8, kDim = 128, kTokens = 16;
+  const PageLayout l = MakePageLayout(kHeads, kTokens, kDim, ParseFormat("fp16").value());
+  const int pages = kSeqs * 2;  // per layer; half of each pool stays unused
+  std::vector<uint32_t> perm(pages);
+  std::iota(perm.begin(), perm.end(), 0u);
+  std::mt19937 rng(13);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  // The device buffer of the kernel: the row count, the slots, the pools.
+  const size_t pools_at = sizeof(int64_t) + kSeqs * sizeof(gpu::RowSlot);
+  std::vector<uint8_t> host(pools_at + kLayers * sizeof(gpu::AppendPool));
+  const int64_t rows = kSeqs;
+  std::memcpy(host.data(), &rows, sizeof(rows));
+  auto* slots = reinterpret_cast<gpu::RowSlot*>(host.data() + sizeof(int64_t));
+  for (int s = 0; s < kSeqs; ++s) slots[s] = {perm[s], static_cast<uint32_t>(rng() % kTokens)};
+  uint8_t *pool, *buffer;
+  void *k, *v;
+  unsigned long long* nonfinite;
+  const size_t layer_in = size_t{kSeqs} * kHeads * kDim * 2;
+  CHECK_CUDA(cudaMalloc(&pool, size_t{l.page_bytes} * pages * kLayers));
+  CHECK_CUDA(cudaMalloc(&buffer, host.size()));
+  CHECK_CUDA(cudaMalloc(&k, layer_in * kLayers));
+  CHECK_CUDA(cudaMalloc(&v, layer_in * kLayers));
+  CHECK_CUDA(cudaMalloc(&nonfinite, sizeof(*nonfinite)));
+  Fill(k, layer_in * kLayers, 6, kDim);
+  Fill(v, layer_in * kLayers, 7, kDim);
+  auto* pools = reinterpret_cast<gpu::AppendPool*>(host.data() + pools_at);
+  for (int i = 0; i < kLayers; ++i) pools[i] = {pool + size_t{l.page_bytes} * pages * i, 1.f, 1.f};
+  CHECK_CUDA(cudaMemcpy(buffer, host.data(), host.size(), cudaMemcpyHostToDevice));
+  gpu::WriteLayersParams p;
+  p.layout = l;
+  p.pools = reinterpret_cast<const gpu::AppendPool*>(buffer + pools_at);
+  p.slots = reinterpret_cast<const gpu::RowSlot*>(buffer + sizeof(int64_t));
+  p.num_rows = reinterpret_cast<const int64_t*>(buffer);
+  p.max_rows = kSeqs;
+  p.num_layers = kLayers;
+  p.nonfinite = nonfinite;
+  p.num_sms = sms;
+  std::vector<KVInput> inputs;
+  for (int i = 0; i < kLayers; ++i) {
+    p.k[i] = static_cast<const uint8_t*>(k) + layer_in * i;
+    p.v[i] = static_cast<const uint8_t*>(v) + layer_in * i;
+    inputs.push_back({DType::kFloat16, p.k[i], p.v[i], kSeqs, kHeads, kDim});
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const double bytes = 4.0 * layer_in * kLayers;  // K and V read, then written
+  const std::string name = "append_fp16_batch256x1x32layers";
+  out->push_back({name + "_kernel", bytes, MedianMs(stream, 3, 25, 100, [&] {
+                    CHECK_CUDA(gpu::LaunchWriteLayers(p, stream));
+                  })});
+  CHECK_CUDA(cudaFree(pool));
+
+  Options o;
+  o.geometry = Geometry{kLayers, kHeads, kDim, kTokens};
+  o.backend = BackendKind::kCuda;
+  o.memory_budget_bytes = size_t{1} << 30;
+  auto cache = Cache::Create(o);
+  std::vector<int64_t> last, slots_of_seq;  // each sequence's last token
+  for (int s = 0; cache.ok() && s < kSeqs; ++s) {
+    const SequenceId seq = (*cache)->AddSequence().value();
+    slots_of_seq.clear();
+    if (!(*cache)->Append(seq, 1 + rng() % kTokens, &slots_of_seq).ok()) std::exit(1);
+    last.push_back(slots_of_seq.back());
+  }
+  absl::StatusOr<PreparedAppend> step = absl::UnknownError("no cache");
+  if (cache.ok()) step = PreparedAppend::Create(**cache, kSeqs, {stream});
+  const auto check = [](const absl::Status& s) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "PreparedAppend: %s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+  };
+  check(step.status());
+  out->push_back({name + "_backend", bytes, MedianMs(stream, 3, 25, 100, [&] {
+                    check(step->Update(last));
+                    check(WriteKVLayers(**cache, *step, inputs, {stream}));
+                  })});
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status captured = WriteKVLayers(**cache, *step, inputs, {stream});
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  check(captured);
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  out->push_back({name + "_graph", bytes, MedianMs(stream, 3, 25, 100, [&] {
+                    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+                  })});
+  check(step->AfterGraphLaunch());
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  step = absl::CancelledError("freed");
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  for (void* ptr : {static_cast<void*>(buffer), k, v, static_cast<void*>(nonfinite)}) {
+    CHECK_CUDA(cudaFree(ptr));
+  }
+}
 
 // Streaming read roof: 4 GiB read once with 16-byte loads (the ceiling of decode attention).
 __global__ void ReadAll(const uint4* p, size_t n, uint32_t* sink) {
@@ -535,6 +644,9 @@ void RunDataPlane(cudaStream_t stream, CudaBackend* backend, std::vector<Result>
                                   "fp16_to_nvfp4_block_head_codec_only"));
   Append(stream, backend, 256, 1, "append_fp16_batch256x1", appends);
   Append(stream, backend, 256, 512, "append_fp16_batch256x512", appends);
+  int sms = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, backend->device()));
+  AppendLayers(stream, sms, appends);
 }
 
 int Main(int argc, char** argv) {

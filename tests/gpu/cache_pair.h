@@ -67,11 +67,19 @@ class CachePair {
     return g;
   }
 
-  // Writes random K/V (with specials when asked) into the slots of the last AppendBatch, in
-  // every layer of both caches.
-  void WriteAllLayers(std::mt19937* rng, bool specials) {
+  // K/V of every layer, FP16 (or BF16) bits [tokens, heads, head_dim] each.
+  struct Layers {
+    std::vector<std::vector<uint16_t>> k, v;
+    DType dtype = DType::kFloat16;
+  };
+
+  // Random K/V (with specials when asked) for the slots of the last AppendBatch, every layer;
+  // BF16 bits (the FP16 values rounded) when `bf16`.
+  Layers RandomLayers(std::mt19937* rng, bool specials, bool bf16 = false) const {
     const Geometry& g = options_.geometry;
     const int64_t n = static_cast<int64_t>(cpu_slots_.size());
+    Layers layers;
+    layers.dtype = bf16 ? DType::kBFloat16 : DType::kFloat16;
     for (int layer = 0; layer < g.num_layers; ++layer) {
       std::vector<uint16_t> k = RandomKV(n, g.num_kv_heads, g.head_dim, true, rng);
       std::vector<uint16_t> v = RandomKV(n, g.num_kv_heads, g.head_dim, false, rng);
@@ -79,16 +87,45 @@ class CachePair {
         AddSpecials(&k, rng);
         AddSpecials(&v, rng);
       }
-      KVInput in{DType::kFloat16, k.data(), v.data(), n, g.num_kv_heads, g.head_dim};
+      for (auto* side : {&k, &v}) {
+        for (uint16_t& x : *side) x = bf16 ? codec::FloatToBf16(codec::HalfToFloat(x)) : x;
+      }
+      layers.k.push_back(std::move(k));
+      layers.v.push_back(std::move(v));
+    }
+    return layers;
+  }
+
+  // Writes `layers` into the last AppendBatch's slots of the CPU cache, WriteKV layer by layer.
+  void WriteCpu(const Layers& layers) {
+    const Geometry& g = options_.geometry;
+    const int64_t n = static_cast<int64_t>(cpu_slots_.size());
+    for (int layer = 0; layer < g.num_layers; ++layer) {
+      const KVInput in{layers.dtype, layers.k[layer].data(), layers.v[layer].data(), n,
+                       g.num_kv_heads, g.head_dim};
       ASSERT_TRUE(cpu_->WriteKV(layer, cpu_slots_, in).ok());
-      dk_.Upload(k);
-      dv_.Upload(v);
-      in.k = dk_.data();
-      in.v = dv_.data();
+    }
+  }
+
+  // Writes random K/V (with specials when asked) into the slots of the last AppendBatch, in
+  // every layer of both caches.
+  void WriteAllLayers(std::mt19937* rng, bool specials) {
+    const Geometry& g = options_.geometry;
+    const int64_t n = static_cast<int64_t>(cpu_slots_.size());
+    const Layers layers = RandomLayers(rng, specials);
+    WriteCpu(layers);
+    for (int layer = 0; layer < g.num_layers; ++layer) {
+      dk_.Upload(layers.k[layer]);
+      dv_.Upload(layers.v[layer]);
+      const KVInput in{DType::kFloat16, dk_.data(), dv_.data(), n, g.num_kv_heads, g.head_dim};
       const absl::Status s = gpu_->WriteKV(layer, gpu_slots_, in);
       ASSERT_TRUE(s.ok()) << s;
     }
   }
+
+  // The slots of the last AppendBatch in each cache.
+  const std::vector<int64_t>& cpu_slots() const { return cpu_slots_; }
+  const std::vector<int64_t>& gpu_slots() const { return gpu_slots_; }
 
   absl::Status Demote(const std::vector<BlockId>& blocks, int format) {
     const absl::Status g = gpu_->Demote(blocks, format);
