@@ -349,43 +349,44 @@ void AppendLayers(cudaStream_t stream, int sms, std::vector<Result>* out) {
   o.geometry = Geometry{kLayers, kHeads, kDim, kTokens};
   o.backend = BackendKind::kCuda;
   o.memory_budget_bytes = size_t{1} << 30;
-  auto cache = Cache::Create(o);
-  std::vector<int64_t> last, slots_of_seq;  // each sequence's last token
-  for (int s = 0; cache.ok() && s < kSeqs; ++s) {
-    const SequenceId seq = (*cache)->AddSequence().value();
-    slots_of_seq.clear();
-    if (!(*cache)->Append(seq, 1 + rng() % kTokens, &slots_of_seq).ok()) std::exit(1);
-    last.push_back(slots_of_seq.back());
-  }
-  absl::StatusOr<PreparedAppend> step = absl::UnknownError("no cache");
-  if (cache.ok()) step = PreparedAppend::Create(**cache, kSeqs, {stream});
   const auto check = [](const absl::Status& s) {
     if (!s.ok()) {
-      std::fprintf(stderr, "PreparedAppend: %s\n", s.ToString().c_str());
+      std::fprintf(stderr, "append through PreparedAppend: %s\n", s.ToString().c_str());
       std::exit(1);
     }
   };
-  check(step.status());
-  out->push_back({name + "_backend", bytes, MedianMs(stream, 3, 25, 100, [&] {
-                    check(step->Update(last));
-                    check(WriteKVLayers(**cache, *step, inputs, {stream}));
-                  })});
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const absl::Status captured = WriteKVLayers(**cache, *step, inputs, {stream});
-  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  check(captured);
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  out->push_back({name + "_graph", bytes, MedianMs(stream, 3, 25, 100, [&] {
-                    CHECK_CUDA(cudaGraphLaunch(exec, stream));
-                  })});
-  check(step->AfterGraphLaunch());
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
-  step = absl::CancelledError("freed");
+  absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
+  check(cache.status());
+  std::vector<int64_t> last, slots_of_seq;  // each sequence's last token
+  for (int s = 0; s < kSeqs; ++s) {
+    const SequenceId seq = (*cache)->AddSequence().value();
+    slots_of_seq.clear();
+    check((*cache)->Append(seq, 1 + rng() % kTokens, &slots_of_seq));
+    last.push_back(slots_of_seq.back());
+  }
+  {
+    absl::StatusOr<PreparedAppend> step = PreparedAppend::Create(**cache, kSeqs, {stream});
+    check(step.status());
+    out->push_back({name + "_backend", bytes, MedianMs(stream, 3, 25, 100, [&] {
+                      check(step->Update(last));
+                      check(WriteKVLayers(**cache, *step, inputs, {stream}));
+                    })});
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const absl::Status captured = WriteKVLayers(**cache, *step, inputs, {stream});
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    check(captured);
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    out->push_back({name + "_graph", bytes, MedianMs(stream, 3, 25, 100, [&] {
+                      CHECK_CUDA(cudaGraphLaunch(exec, stream));
+                    })});
+    check(step->AfterGraphLaunch());
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+  }  // the step frees its buffers on the stream
   CHECK_CUDA(cudaStreamSynchronize(stream));
   for (void* ptr : {static_cast<void*>(buffer), k, v, static_cast<void*>(nonfinite)}) {
     CHECK_CUDA(cudaFree(ptr));
