@@ -7,10 +7,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-fuzz
+mkdir -p "$build"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_C_COMPILER=clang -DKVTIER_SANITIZE=address,undefined -DKVTIER_BUILD_FUZZERS=ON \
   -DKVTIER_BUILD_TOOLS=OFF -DKVTIER_BUILD_PYTHON=OFF -DKVTIER_WITH_CUDA=OFF \
-  >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
+  >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 cmake --build "$build" -j "${JOBS:-2}" --target kvtier_cache_fuzzer
 rm -rf fuzz-bundle
 mkdir -p fuzz-bundle/lib fuzz-bundle/corpus

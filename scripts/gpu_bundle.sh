@@ -6,6 +6,8 @@
 # where scripts/gpu_run.sh runs them; and the kvtier tool with its libraries into recall-bundle/
 # (`kvtier recall --backend cuda`: scripts/recall_gpu.sh). See docs/gpu.md.
 #   scripts/gpu_bundle.sh            # JOBS=N to change the build parallelism (default 2)
+#   scripts/gpu_bundle.sh --no-python  # without the shared libkvtier and the Abseil headers (for
+#                                      # gpu_run.sh and recall_gpu.sh only: one CUDA build less)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-gpu
@@ -16,13 +18,17 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_CUDA=ON
   { cat "$build/configure.log"; exit 1; }
 cmake --build "$build" -j "${JOBS:-2}" --target kvtier_gpu_tests kvtier_gpu_bench kvtier_tier_bench \
   kvtier_tool
+python=1
+[ "${1:-}" = --no-python ] && python=0
 shared=build-pyshared
+if [ $python = 1 ]; then
 mkdir -p "$shared"
 cmake -S . -B "$shared" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_CUDA=ON \
   -DBUILD_SHARED_LIBS=ON -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCHMARKS=OFF \
   -DKVTIER_BUILD_TOOLS=OFF -DKVTIER_WITH_PROMETHEUS=OFF -DKVTIER_BUILD_PYTHON=OFF \
   >"$shared/configure.log" 2>&1 || { cat "$shared/configure.log"; exit 1; }
 cmake --build "$shared" -j "${JOBS:-2}" --target kvtier
+fi
 
 # Copies into DIR/lib everything that ldd resolves for the binaries given, except the C and C++
 # runtimes, which the target system has (newer).
@@ -49,10 +55,14 @@ rm -rf bundle
 mkdir -p bundle/lib bundle/include
 cp "$build/kvtier_gpu_tests" "$build/kvtier_gpu_bench" "$build/kvtier_tier_bench" bundle/
 strip bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench bundle/kvtier_tier_bench
-cp -L "$shared"/libkvtier.so.0 bundle/lib/ && ln -s libkvtier.so.0 bundle/lib/libkvtier.so
-cp -r /usr/include/absl bundle/include/
+python_lib=()
+if [ $python = 1 ]; then
+  cp -L "$shared"/libkvtier.so.0 bundle/lib/ && ln -s libkvtier.so.0 bundle/lib/libkvtier.so
+  cp -r /usr/include/absl bundle/include/
+  python_lib=(bundle/lib/libkvtier.so.0)
+fi
 gather_libs bundle bundle/kvtier_gpu_tests bundle/kvtier_gpu_bench bundle/kvtier_tier_bench \
-  bundle/lib/libkvtier.so.0
+  "${python_lib[@]}"
 build_info >bundle/BUILD_INFO
 # The kvtier tool (scripts/recall_gpu.sh) in a folder of its own, so that the device tool's 64 MiB
 # per call keep room for bundle/ with the wheels of gpu_python.sh.
