@@ -239,6 +239,7 @@ absl::Status ArmRunner::Run(const Trial& trial, bool measure_compute_error, Resu
   if (!seq.ok()) return seq.status();
   absl::Status status = Write(trial, *seq);
   if (status.ok() && arm_.observe_prompt) status = ObservePrompt(trial, *seq);
+  if (status.ok() && arm_.policy) status = io_.SettleSteps(*cache_);
   if (status.ok()) status = CheckPlacement(trial.length, *seq, &result->block_formats);
   const int q_heads = trial.kv_heads * trial.group;
   if (status.ok()) {

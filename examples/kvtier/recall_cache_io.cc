@@ -29,6 +29,14 @@ absl::Status CacheIo::WriteKV(Cache& cache, int32_t layer, absl::Span<const int6
   return cache.WriteKV(layer, slots, device);
 }
 
+absl::Status CacheIo::SettleSteps(Cache& cache) {
+  for (int i = 0; OnCuda(cache) && i < 3; ++i) {
+    KVTIER_RETURN_IF_ERROR(DeviceSynchronize());
+    KVTIER_RETURN_IF_ERROR(cache.EndStep());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CacheIo::Attend(const Cache& cache, int32_t layer, const PageTables& tables,
                              const DecodeQueries& queries, const DecodeOutputs& outputs) {
   if (!OnCuda(cache)) return DecodeAttention(cache, layer, tables, queries, outputs);

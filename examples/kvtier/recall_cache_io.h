@@ -30,6 +30,13 @@ class CacheIo {
   absl::Status Attend(const Cache& cache, int32_t layer, const PageTables& tables,
                       const DecodeQueries& queries, const DecodeOutputs& outputs);
 
+  // After a policy's EndSteps, the state they reach on the CPU backend. There, the pages a
+  // step's demotions free return to the budget at once; on the CUDA backend only at a later
+  // EndStep, once the device has passed the step's fence, so demotions that found no room wait
+  // a step more. So on CUDA: three times, wait for the device, then EndStep (the retired pages
+  // come back, the queued demotions run, their pages come back). Nothing on the CPU backend.
+  absl::Status SettleSteps(Cache& cache);
+
  private:
   DeviceBuffer k_, v_, q_, out_, lse_, logits_, page_weight_;
 };

@@ -16,6 +16,10 @@ namespace kvtier::tool {
 // built without CUDA, or no usable CUDA device is visible).
 absl::Status CudaSweepAvailable();
 
+// Waits until the device has finished all work issued so far (by any thread). Internal for a
+// CUDA error.
+absl::Status DeviceSynchronize();
+
 // A device buffer that grows as needed, freed on destruction. Copies are synchronous and on
 // the legacy default stream, so they are ordered with a CUDA cache's work, which runs on a
 // blocking stream (docs/gpu.md): a copy in completes before a later WriteKV or DecodeAttention

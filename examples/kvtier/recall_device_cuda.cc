@@ -25,6 +25,10 @@ absl::Status CudaSweepAvailable() {
   return absl::OkStatus();
 }
 
+absl::Status DeviceSynchronize() {
+  return Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
 DeviceBuffer::~DeviceBuffer() { cudaFree(data_); }
 
 absl::Status DeviceBuffer::Reserve(size_t bytes) {

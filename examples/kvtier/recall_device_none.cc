@@ -12,6 +12,7 @@ absl::Status NoCuda() {
 }  // namespace
 
 absl::Status CudaSweepAvailable() { return NoCuda(); }
+absl::Status DeviceSynchronize() { return NoCuda(); }
 DeviceBuffer::~DeviceBuffer() = default;
 absl::Status DeviceBuffer::Reserve(size_t) { return NoCuda(); }
 absl::Status DeviceBuffer::CopyIn(const void*, size_t) { return NoCuda(); }
