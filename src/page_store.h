@@ -68,9 +68,6 @@ class PageStore {
 
   // A free page of `format`, now owned by `owner`. REQUIRES: pool(format).free_pages() > 0.
   uint32_t Allocate(int format, uint32_t owner) { return pools_[format].Allocate(owner); }
-  uint32_t AllocateOutside(int format, uint32_t owner, uint32_t slot) {
-    return pools_[format].AllocateOutside(owner, slot);
-  }
   // Returns a page that no device work has touched to its pool at once.
   void FreeNow(int format, uint32_t page) { pools_[format].Free(page); }
   // Queues a page for reclamation: it is reused once the device can no longer read it (a
