@@ -33,6 +33,7 @@ struct PreparedAppend::Rep {
   std::vector<int64_t> slots;  // the step's slots (their count only is used on CUDA)
 #if KVTIER_WITH_CUDA
   std::unique_ptr<CudaAppendStep> device;  // CUDA backend: the slots on the device
+  std::vector<gpu::AppendPool> pools;      // each layer's hot pool, refilled by every Update
 #endif
 };
 
@@ -70,6 +71,7 @@ absl::StatusOr<PreparedAppend> PreparedAppend::Create(Cache& cache, int64_t max_
   spec.key_rotation_seed = o.key_rotation_seed;
   KVTIER_ASSIGN_OR_RETURN(spec.nonfinite, impl->DeviceNonfiniteCounter());
   KVTIER_ASSIGN_OR_RETURN(rep->device, CudaAppendStep::Create(spec, launch.stream));
+  rep->pools.resize(static_cast<size_t>(g.num_layers));
   return PreparedAppend(std::move(rep));
 #else
   return NoCuda();
@@ -85,10 +87,11 @@ absl::Status PreparedAppend::Update(absl::Span<const int64_t> slots) {
   KVTIER_RETURN_IF_ERROR(rep_->cache->CheckSlotList(slots));
   if (!OnCpu(*rep_->cache)) {
 #if KVTIER_WITH_CUDA
-    const int32_t layers = rep_->cache->options().geometry.num_layers;
-    std::vector<gpu::AppendPool> pools(static_cast<size_t>(layers));
-    for (int32_t l = 0; l < layers; ++l) {
-      KVTIER_ASSIGN_OR_RETURN(const PoolInfo pool, rep_->cache->GetPool(0, l));
+    // Refilled every step: CalibrateTensorScales may have changed a layer's scales.
+    std::vector<gpu::AppendPool>& pools = rep_->pools;
+    for (size_t l = 0; l < pools.size(); ++l) {
+      KVTIER_ASSIGN_OR_RETURN(const PoolInfo pool,
+                              rep_->cache->GetPool(0, static_cast<int32_t>(l)));
       pools[l] = {static_cast<uint8_t*>(pool.base), pool.k_tensor_scale, pool.v_tensor_scale};
     }
     // The zero-fill of slabs that Append mapped, and tail copies, come first.
