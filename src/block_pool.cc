@@ -233,6 +233,7 @@ void BlockPool::EmitStored(uint32_t block, Medium medium) {
 
 void BlockPool::MoveToPage(uint32_t block, int format, uint32_t page) {
   BlockMeta& b = blocks_[block];
+  const int old_format = b.format;
   pages_->Retire(b.format, b.page);
   if (b.state == BlockState::kCached) {
     cached_by_format_[b.format] -= 1;
@@ -240,7 +241,7 @@ void BlockPool::MoveToPage(uint32_t block, int format, uint32_t page) {
   }
   b.format = static_cast<uint8_t>(format);
   b.page = page;
-  if (events_ != nullptr && b.indexed) events_->FormatChanged(Medium::kDevice, b.hash, format);
+  if (events_ != nullptr && b.indexed && format != old_format) events_->FormatChanged(Medium::kDevice, b.hash, format);
 }
 
 std::vector<IndexedBlock> BlockPool::IndexedBlocks() const {

@@ -85,7 +85,8 @@ class BlockPool {
   bool Publish(uint32_t block, uint64_t hash, uint64_t parent_hash, uint64_t extra_key,
                absl::Span<const int32_t> tokens);
 
-  // Points `block` at `page` of the colder `format` and retires its old page.
+  // Points `block` at `page` of `format` (colder, or its own when compaction moves it) and
+  // retires its old page.
   void MoveToPage(uint32_t block, int format, uint32_t page);
 
   // Closes the host tier's step (PageStore::EndStep); OK without a host tier.

@@ -155,6 +155,15 @@ class CacheImpl final : public Cache {
   void UpdatePressure() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Demotes what fits of demote_queue_[format]; what finds no room stays queued.
   void DrainDemoteQueue(int format) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Compaction at EndStep (cache_compact.cc): when no slab of the budget is free or empty, moves
+  // the blocks of a pool's emptiest slabs into its scattered free pages so the slabs can return.
+  void CompactPools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether compaction could move a slab once every retired page is back (a necessary test,
+  // without waiting for the device).
+  bool MayCompact() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves every owned page of `slot` of pool `format` elsewhere in that pool; on failure moves
+  // nothing.
+  absl::Status CompactSlot(int format, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues into demote_queue_ the blocks of `seq` that crossed a tier boundary.
   void AgeSequence(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDirty(SequenceId id, Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

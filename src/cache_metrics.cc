@@ -32,6 +32,7 @@ void CacheMetrics::Fill(CacheStats* s) const {
   s->prefix_missed_blocks = prefix_missed_blocks;
   s->evicted_blocks = evicted_blocks;
   s->demotions_under_pressure = demotions_under_pressure;
+  s->compacted_pages = compacted_pages;
   s->policy_demotion_failures = policy_demotion_failures;
   s->migration_seconds = migration_seconds.stats();
   s->block_lifetime_seconds = block_lifetime_seconds.stats();

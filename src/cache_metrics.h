@@ -41,6 +41,7 @@ class CacheMetrics {
   int64_t prefix_missed_blocks = 0;
   int64_t evicted_blocks = 0;
   int64_t demotions_under_pressure = 0;
+  int64_t compacted_pages = 0;
   int64_t policy_demotion_failures = 0;
   HostTierStats host;  // the counter fields only
   Histogram migration_seconds{Histogram::Exponential(1e-5, 4, 10)};

@@ -73,6 +73,7 @@ absl::Status CacheImpl::EndStep() {
   metrics_.steps += 1;
   if (events_ != nullptr) events_->EndStep();
   KVTIER_RETURN_IF_ERROR(pages_->EndStep());
+  CompactPools();
   return pool_.EndStep();
 }
 
@@ -146,22 +147,33 @@ void CacheImpl::DrainDemoteQueue(int format) {
   std::vector<uint32_t>& queue = demote_queue_[format];
   std::sort(queue.begin(), queue.end());
   queue.erase(std::unique(queue.begin(), queue.end()), queue.end());
-  // A block queued twice, freed since, or already there is skipped.
-  queue.erase(std::remove_if(queue.begin(), queue.end(),
-                             [&](uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                               return pool_[b].state == BlockState::kFree ||
-                                      pool_[b].state == BlockState::kOffloaded ||
-                                      pool_[b].format >= format;
-                             }),
-              queue.end());
+  // A block queued twice, freed (or evicted below) since, or already there is skipped.
+  auto drop_stale = [&](size_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    queue.erase(std::remove_if(queue.begin() + static_cast<std::ptrdiff_t>(from), queue.end(),
+                               [&](uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                 return pool_[b].state == BlockState::kFree ||
+                                        pool_[b].state == BlockState::kOffloaded ||
+                                        pool_[b].format >= format;
+                               }),
+                queue.end());
+  };
+  drop_stale(0);
   // Demote what fits, in chunks: each chunk's old pages free room for the next (at once on a
-  // synchronous backend). What finds no room stays queued for the next step.
+  // synchronous backend). When the colder pool has no room at all, cached blocks are evicted to
+  // make room, as an allocation for a sequence would: blocks in use come before cached prefixes,
+  // and a hot pool that cannot drain starves every prefill, since slabs full of cached pages of
+  // another format come free only by eviction (docs/design.md). What still finds no room stays
+  // queued for the next step.
   size_t done = 0;
   while (done < queue.size()) {
-    const size_t chunk = std::min<uint64_t>(queue.size() - done, pages_->RoomFor(format));
-    if (chunk == 0 || !DemoteLocked(absl::MakeConstSpan(queue).subspan(done, chunk), format).ok()) {
-      break;
+    // Decided on the room once every retired page is back, so that every backend evicts alike.
+    if (pages_->RoomFor(format, /*after_reclaim=*/true) == 0) {
+      const uint32_t left = static_cast<uint32_t>(queue.size() - done);
+      if (!pool_.EnsureFreePages(format, left, /*may_evict=*/true).ok()) break;
+      drop_stale(done);  // queued blocks that were cached may have gone
     }
+    const size_t chunk = std::min<uint64_t>(queue.size() - done, pages_->RoomFor(format));
+    if (chunk == 0 || !DemoteLocked(absl::MakeConstSpan(queue).subspan(done, chunk), format).ok()) break;
     done += chunk;
   }
   queue.erase(queue.begin(), queue.begin() + done);
@@ -224,7 +236,8 @@ absl::Status CacheImpl::Demote(absl::Span<const BlockId> ids, int32_t format) {
 
 absl::Status CacheImpl::DemoteLocked(absl::Span<const uint32_t> ids, int format) {
   if (ids.empty()) return absl::OkStatus();
-  // Demotion never evicts cached prefixes to make room: it is what pressure does first.
+  // Explicit demotion never evicts cached prefixes to make room (the policy's does, above, only
+  // when the colder pool is full).
   KVTIER_RETURN_IF_ERROR(pool_.EnsureFreePages(format, static_cast<uint32_t>(ids.size()), false));
   const auto started = std::chrono::steady_clock::now();
   // One backend call per source format, so that each call reads one pool per layer.

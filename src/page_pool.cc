@@ -81,6 +81,26 @@ uint32_t PagePool::Allocate(uint32_t owner) {
   return page;
 }
 
+uint32_t PagePool::AllocateOutside(uint32_t owner, uint32_t slot) {
+  Unlink(slot);  // its free count is unchanged below, so it links back to the same bucket
+  const uint32_t page = Allocate(owner);
+  Link(slot);
+  return page;
+}
+
+uint32_t PagePool::EmptiestSlot() const {
+  for (size_t w = nonempty_.size(); w-- > 0;) {
+    if (nonempty_[w] != 0) return buckets_[w * 64 + 63 - __builtin_clzll(nonempty_[w])];
+  }
+  return kNone;
+}
+
+uint32_t PagePool::ScatteredFreePages() const {
+  uint32_t in_empty = 0;
+  for (uint32_t slot : empty_) in_empty += PagesInSlot(slot);
+  return free_pages_ - in_empty;
+}
+
 void PagePool::Free(uint32_t page) {
   const uint32_t slot = SlotOfPage(page);
   Slot& s = slots_[slot];

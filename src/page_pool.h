@@ -61,6 +61,13 @@ class PagePool {
   // A free page of the fullest slab that has one, now owned by `owner`.
   // REQUIRES: free_pages() > 0.
   uint32_t Allocate(uint32_t owner);
+  // Allocate's page taken from any slab but `slot`. REQUIRES: `slot` is partly used; a free page
+  // outside it.
+  uint32_t AllocateOutside(uint32_t owner, uint32_t slot);
+  // The partly used slot with the most free pages, or kNone.
+  uint32_t EmptiestSlot() const;
+  // Free pages in partly used slots (not in empty ones): what compaction could gather.
+  uint32_t ScatteredFreePages() const;
   // Returns a used page to its slab. REQUIRES: the page is used (owned or pending).
   void Free(uint32_t page);
   // Marks an owned page pending (retired, awaiting its fence). REQUIRES: owned by a block.

@@ -158,9 +158,10 @@ uint32_t PageStore::AvailableSlabs(int format, bool after_reclaim) const {
   return available;
 }
 
-uint64_t PageStore::RoomFor(int format) const {
+uint64_t PageStore::RoomFor(int format, bool after_reclaim) const {
   const PagePool& pool = pools_[format];
-  return pool.free_pages() + uint64_t{AvailableSlabs(format)} * pool.MinPagesPerSlot();
+  const uint64_t free = pool.free_pages() + (after_reclaim ? pool.pending_pages() : 0);
+  return free + uint64_t{AvailableSlabs(format, after_reclaim)} * pool.MinPagesPerSlot();
 }
 
 uint32_t PageStore::SlabsNeeded(int format, uint32_t count, bool after_reclaim) const {
@@ -236,6 +237,10 @@ absl::Status PageStore::EndStep() {
       pools_[e.format].Free(e.page);
     }
   }
+  return ReturnEmptySlabs();
+}
+
+absl::Status PageStore::ReturnEmptySlabs() {
   // Each pool keeps one empty slab for the next step; the others return to the budget. The host
   // tier keeps them all: registering pinned memory is slow (about a millisecond per slab and
   // layer), and MapSlabs takes empty slabs from other pools anyway.

@@ -52,8 +52,9 @@ class PageStore {
   uint32_t MaxLivePages() const;
   PoolView View(int format, int layer) const;
 
-  // Pages of `format` allocatable now without eviction.
-  uint64_t RoomFor(int format) const;
+  // Pages of `format` allocatable now without eviction; with `after_reclaim`, once every retired
+  // page has returned to its pool (the same on every backend).
+  uint64_t RoomFor(int format, bool after_reclaim = false) const;
   // Slabs that `format`'s pool still needs to hold `count` free pages; with `after_reclaim`,
   // once every retired page has returned to its pool (ReclaimAll).
   uint32_t SlabsNeeded(int format, uint32_t count, bool after_reclaim = false) const;
@@ -68,6 +69,9 @@ class PageStore {
 
   // A free page of `format`, now owned by `owner`. REQUIRES: pool(format).free_pages() > 0.
   uint32_t Allocate(int format, uint32_t owner) { return pools_[format].Allocate(owner); }
+  uint32_t AllocateOutside(int format, uint32_t owner, uint32_t slot) {
+    return pools_[format].AllocateOutside(owner, slot);
+  }
   // Returns a page that no device work has touched to its pool at once.
   void FreeNow(int format, uint32_t page) { pools_[format].Free(page); }
   // Queues a page for reclamation: it is reused once the device can no longer read it (a
@@ -78,10 +82,12 @@ class PageStore {
   // Returns every retired page, waiting for the device on an asynchronous backend:
   // DeadlineExceeded, with the pages still retired, when its fence has not passed in 2 s.
   absl::Status ReclaimAll();
-  // Closes the step: records its fence, returns the pages whose fences have passed, and returns
-  // every empty slab but one per pool to the budget (device memory only: the host tier keeps its
-  // slabs mapped, and pinned, until another format needs them).
+  // Closes the step: records its fence, returns the pages whose fences have passed, and
+  // ReturnEmptySlabs.
   absl::Status EndStep();
+  // Returns every empty slab but one per pool to the budget (device memory only: the host tier
+  // keeps its slabs mapped, and pinned, until another format needs them).
+  absl::Status ReturnEmptySlabs();
 
   // Sets the per-tensor scales of `layer` from the amax of its K and V, for every format.
   // FailedPrecondition, with nothing changed, when a format with a per-tensor scale holds pages.

@@ -46,6 +46,28 @@ TEST(PagePoolTest, AllocatesFromTheFullestSlab) {
   EXPECT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
 }
 
+TEST(PagePoolTest, FindsTheEmptiestSlabAndAllocatesOutsideIt) {
+  PagePool pool(kSlab / 4, kSlab, 4);  // 4 pages per slab
+  for (int s = 0; s < 3; ++s) pool.AddSlot(pool.UnmappedSlot());
+  EXPECT_EQ(pool.EmptiestSlot(), PagePool::kNone);  // empty slabs are not "partly used"
+  EXPECT_EQ(pool.ScatteredFreePages(), 0u);
+  std::vector<uint32_t> pages;
+  for (int i = 0; i < 8; ++i) pages.push_back(pool.Allocate(100 + i));  // two full slabs
+  pool.Free(pages[1]);  // slab A: 3 used
+  pool.Free(pages[4]);  // slab B: 1 used
+  pool.Free(pages[5]);
+  pool.Free(pages[6]);
+  const uint32_t b = pool.SlotOfPage(pages[4]);
+  EXPECT_EQ(pool.EmptiestSlot(), b);
+  EXPECT_EQ(pool.ScatteredFreePages(), 4u);  // not the 4 of the empty third slab
+  // Both partly used slabs hold 3 free pages now; allocation outside B never lands in it.
+  pool.Free(pages[2]);
+  pool.Free(pages[3]);
+  EXPECT_NE(pool.SlotOfPage(pool.AllocateOutside(200, b)), b);
+  EXPECT_NE(pool.SlotOfPage(pool.AllocateOutside(201, b)), b);
+  EXPECT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
+}
+
 TEST(PagePoolTest, OwnersAndCounts) {
   PagePool pool(8192, kSlab, 2);
   EXPECT_EQ(pool.capacity_pages(), 512u);

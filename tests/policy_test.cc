@@ -252,6 +252,74 @@ TEST(PolicyAgingTest, UnderPressureWindowsShrinkBeforePrefixesAreEvicted) {
   EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
 }
 
+Policy TwoTiers() {
+  Policy p;
+  p.name = "two";
+  p.tiers = {{*ParseFormat("fp16"), 16}, {*ParseFormat("fp8_e4m3/block_head"), -1}};
+  p.sink_tokens = 0;
+  p.pressure_watermark = 0;
+  return p;
+}
+
+// A policy demotion into a pool full of cached blocks evicts some: blocks in use come first.
+TEST(PolicyAgingTest, DemotionEvictsCachedBlocksWhenTheColderPoolIsFull) {
+  auto cache = PolicyCache(TwoTiers(), /*slabs=*/2);  // one FP16 and one FP8 slab at most
+  const SequenceId x = *cache->AddSequence();
+  std::vector<int64_t> slots;
+  std::vector<int32_t> tokens(1024);
+  for (int round = 0; cache->GetStats().policy_demotion_failures == 0; ++round) {
+    ASSERT_LT(round, 20);
+    for (int i = 0; i < 1024; ++i) tokens[i] = round * 1024 + i;
+    ASSERT_TRUE(cache->AppendTokens(x, tokens, &slots).ok());
+    ASSERT_TRUE(cache->EndStep().ok());
+  }
+  ASSERT_TRUE(cache->Release(x).ok());  // the FP8 slab is full of cached blocks
+  CacheStats s = cache->GetStats();
+  EXPECT_EQ(s.slabs_free, 0);
+  EXPECT_GT(s.formats[1].blocks_cached, 0);
+  const SequenceId y = *cache->AddSequence();
+  ASSERT_TRUE(cache->Append(y, 64, &slots).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  EXPECT_EQ(Formats(*cache, y), (std::vector<int>{1, 1, 1, 0}));
+  EXPECT_GT(cache->GetStats().evicted_blocks, s.evicted_blocks);
+  EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
+}
+
+// Free pages scattered over a pool's slabs come back to the budget at EndStep.
+TEST(PolicyAgingTest, EndStepCompactsAPoolSoAnotherCanGrow) {
+  Options o = SmallOptions(4);
+  o.palette = PolicyPalette(TwoTiers());  // no policy: only the explicit demotions below
+  auto cache = MustCreate(o);
+  std::vector<SequenceId> small;
+  std::vector<int64_t> slots;
+  // One-block sequences, demoted to FP8 at once, until the FP8 pool maps a second slab.
+  while (cache->GetStats().formats[1].slabs_mapped < 2 || small.size() % 2 != 0) {
+    small.push_back(*cache->AddSequence());
+    ASSERT_TRUE(cache->Append(small.back(), 16, &slots).ok());
+    ASSERT_TRUE(cache->Demote(*cache->SequenceBlocks(small.back()), 1).ok());
+  }
+  // Every other one released: about a slab's worth of free FP8 pages, spread over both slabs.
+  for (size_t i = 0; i < small.size(); i += 2) ASSERT_TRUE(cache->Release(small[i]).ok());
+  // A long FP16 sequence takes the rest of the budget; its last block stays hot (partial).
+  const SequenceId big = *cache->AddSequence();
+  while (cache->GetStats().slabs_free > 0 || cache->GetStats().formats[0].pages_mapped -
+                                                     cache->GetStats().formats[0].pages_used > 16) {
+    ASSERT_TRUE(cache->Append(big, 16, &slots).ok());
+  }
+  const std::vector<BlockId> kept = *cache->SequenceBlocks(small[1]);
+  CacheStats s = cache->GetStats();
+  EXPECT_EQ(s.compacted_pages, 0);
+  // FP16 cannot grow: the FP8 pool's free pages are scattered.
+  EXPECT_EQ(cache->Append(big, 16 * 64, &slots).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(cache->EndStep().ok());
+  s = cache->GetStats();
+  EXPECT_GT(s.compacted_pages, 0);
+  EXPECT_EQ(s.formats[1].blocks_in_use, static_cast<int64_t>(small.size() / 2));
+  EXPECT_TRUE(cache->Append(big, 16 * 64, &slots).ok());
+  EXPECT_EQ(cache->GetBlockInfo(kept[0])->format, 1);
+  EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
+}
+
 TEST(PolicyAgingTest, SetPolicyNeedsItsFormatsInThePalette) {
   auto cache = MustCreate(SmallOptions());  // palette {fp16}
   EXPECT_EQ(cache->SetPolicy(ShortWindows()).code(), absl::StatusCode::kInvalidArgument);

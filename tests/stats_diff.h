@@ -35,6 +35,7 @@ inline std::string StateDifference(const CacheStats& a, const CacheStats& b) {
   field("policy", a.policy, b.policy);
   field("under_pressure", int{a.under_pressure}, int{b.under_pressure});
   field("demotions_under_pressure", a.demotions_under_pressure, b.demotions_under_pressure);
+  field("compacted_pages", a.compacted_pages, b.compacted_pages);
   field("policy_demotion_failures", a.policy_demotion_failures, b.policy_demotion_failures);
   field("migration batches", a.migration_seconds.count, b.migration_seconds.count);
   field("freed blocks", a.block_lifetime_seconds.count, b.block_lifetime_seconds.count);
