@@ -62,10 +62,10 @@ struct PagedDecodeParams {
   // With num_splits > 1: device workspace of DecodeWorkspaceFloats() floats.
   float* workspace = nullptr;
   // Optional (null to skip): the attention each page received. The kernel writes the log-sum-
-  // exp of each (packed entry e, query head h)'s logits within its page, in log2 units, to
-  // page_lse[e * num_q_heads + h] (device, PageLseFloats() floats); once the heads' LSEs are
-  // final, the launch stores max(page_weight[e], the largest exp(page LSE - LSE) of a head whose
-  // LSE is finite) in page_weight[e] for every entry of the batch (device
+  // exp of each (packed entry, query head)'s logits within its page, in log2 units, to page_lse
+  // (device, PageLseFloats() floats, laid out by PageLseIndex in page_weight.cuh); once the
+  // heads' LSEs are final, the launch stores max(page_weight[e], the largest exp(page LSE - LSE)
+  // of a head whose LSE is finite) in page_weight[e] for every entry e of the batch (device
   // [packed_indptr[batch]]), by atomicMax on the bits (non-negative floats order as integers).
   // REQUIRES: page_lse when page_weight is set.
   float* page_weight = nullptr;

@@ -34,6 +34,7 @@ struct DecodeBlock {
   int warp, lane, g, c;
   int group;  // query heads per KV head
   int seq_len, first_entry;
+  int pages;                 // the sequence's pages (its packed entries)
   int page_begin, page_end;  // the split's pages of the sequence
 };
 
@@ -45,9 +46,9 @@ __device__ __forceinline__ DecodeBlock BlockOf(const PagedDecodeParams& p) {
   k.group = p.num_q_heads / p.num_kv_heads;
   k.seq_len = p.seq_lens[k.b];
   k.first_entry = p.packed_indptr[k.b];
-  const int pages = (k.seq_len + kDecodeBlockTokens - 1) / kDecodeBlockTokens;
+  k.pages = (k.seq_len + kDecodeBlockTokens - 1) / kDecodeBlockTokens;
   k.page_begin = k.split * p.pages_per_split;
-  k.page_end = min(pages, k.page_begin + p.pages_per_split);
+  k.page_end = min(k.pages, k.page_begin + p.pages_per_split);
   return k;
 }
 

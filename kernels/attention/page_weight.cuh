@@ -4,6 +4,12 @@
 // final (after the split merge), LaunchPageWeights turns them into exp(page LSE - LSE) and keeps
 // each page's largest over its heads. The split-KV blocks never see a head's final LSE, hence
 // the page LSEs in between.
+//
+// The page LSEs (log2 units) of a sequence lie KV head by KV head, page by page, each page's
+// query heads side by side (PageLseIndex): the pages a block attends are one range that only its
+// own warps write, at about the same time. (Entry-major, each 32-byte sector would be shared by
+// the blocks of two KV heads, often written far apart in time: a half-written sector that leaves
+// L2 costs a DRAM read-modify-write, paid in time by a bandwidth-bound decode.)
 #ifndef KVTIER_KERNELS_ATTENTION_PAGE_WEIGHT_CUH_
 #define KVTIER_KERNELS_ATTENTION_PAGE_WEIGHT_CUH_
 
@@ -25,19 +31,26 @@ __device__ __forceinline__ float Log2(float x) {
   return y;
 }
 
-// Where a warp's page LSEs go (log2 units, page_lse[entry * num_q_heads + head]): lane (g, c)
-// ends StorePageLse with the sum of query head 8t + 2c + (g >= 4 ? 1 : 0) of its group, and the
-// lanes g = 0 and g = 4 store it.
+// The index in page_lse of query head h of KV head kv_head's group at page `page` of a sequence
+// whose packed entries start at `first_entry` and number `pages`.
+__device__ __forceinline__ int64_t PageLseIndex(const PagedDecodeParams& p, int64_t first_entry,
+                                                int pages, int kv_head, int page, int h) {
+  const int group = p.num_q_heads / p.num_kv_heads;
+  return first_entry * p.num_q_heads + (static_cast<int64_t>(kv_head) * pages + page) * group + h;
+}
+
+// Where a warp's page LSEs go: lane (g, c) ends StorePageLse with the sum of query head
+// 8t + 2c + (g >= 4 ? 1 : 0) of its group, and the lanes g = 0 and g = 4 store it.
 struct PageLseStore {
-  float* next;     // this lane's head (tile 0) in the warp's next page
-  int64_t stride;  // floats from one of the warp's pages to its next
+  float* next;  // this lane's head (tile 0) in the warp's next page
+  int stride;   // floats from one of the warp's pages to its next
 };
 
 __device__ __forceinline__ PageLseStore PageLseStoreOf(const PagedDecodeParams& p,
                                                        const DecodeBlock& k, int first_page) {
-  const int head = k.kv_head * k.group + 2 * k.c + (k.g >= 4 ? 1 : 0);
-  return {p.page_lse + (static_cast<int64_t>(k.first_entry) + first_page) * p.num_q_heads + head,
-          static_cast<int64_t>(kWarps) * p.num_q_heads};
+  const int head = 2 * k.c + (k.g >= 4 ? 1 : 0);
+  return {p.page_lse + PageLseIndex(p, k.first_entry, k.pages, k.kv_head, first_page, head),
+          kWarps * k.group};
 }
 
 // Stores the page LSE of the warp's next page for each query head of its group, and moves `out`
