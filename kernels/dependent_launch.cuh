@@ -1,9 +1,9 @@
 // Programmatic dependent launch (Hopper): a kernel launched with LaunchDependent may be scheduled
-// while the stream's previous kernel is still finishing its last blocks, so that its launch and
-// first instructions overlap that kernel's tail instead of following it; it calls
-// WaitForPriorKernels before it reads anything earlier work wrote. At batch 1 a decode call is
-// a few short kernels in a row (query rotation, attention, split merge, page weights), where the
-// gaps between kernels are a visible part of the step.
+// once every block of the stream's previous kernel has called TriggerDependents (or exited), so
+// that its launch and first instructions overlap that kernel's run instead of following it; it
+// calls WaitForPriorKernels before it reads anything earlier work wrote. At batch 1 a decode call
+// is a few short kernels in a row (query rotation, attention, split merge, page weights), where
+// the gaps between kernels are a visible part of the step.
 //
 // A kernel launched this way must call WaitForPriorKernels before its first read of global
 // memory that earlier stream work writes (its kernel parameters are safe). After a copy or an
@@ -25,6 +25,14 @@ namespace kvtier::gpu {
 // no-op in a kernel that was launched the ordinary way.
 __device__ __forceinline__ void WaitForPriorKernels() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+// Lets the stream's next kernel, if launched with LaunchDependent, be scheduled once every block
+// of this kernel has called it (its blocks then wait in WaitForPriorKernels, on resources this
+// kernel's blocks, all started, no longer need). The decode path's kernels call it right after
+// WaitForPriorKernels, so that at most one kernel ahead waits. A no-op without a dependent.
+__device__ __forceinline__ void TriggerDependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 // Whether LaunchDependent overlaps launches (KVTIER_CUDA_PDL is not "off"). Thread-safe.

@@ -29,6 +29,7 @@ __device__ __forceinline__ float InputAt(const RotateRowsParams& p, int64_t i) {
 __global__ void __launch_bounds__(kRotateThreads) RotateRowsKernel(const RotateRowsParams p) {
   extern __shared__ float x[];
   WaitForPriorKernels();  // the rows (LaunchDependent)
+  TriggerDependents();
   const int n = p.head_dim;
   for (int64_t row = blockIdx.x; row < p.num_rows; row += gridDim.x) {
     const int head = static_cast<int>(row % p.heads) / p.group;

@@ -211,6 +211,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   WaitForPriorKernels();  // the queries and tables (LaunchDependent)
+  TriggerDependents();
   const DecodeBlock k = BlockOf(p);
   uint32_t qb[kTiles][8][2];
   LoadQuery<kTiles>(p, k, qb);

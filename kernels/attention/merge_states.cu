@@ -37,6 +37,7 @@ __global__ void __launch_bounds__(kMergeThreads) MergeStatesKernel(const MergeSt
   __shared__ float weight[kMergeChunk];
   __shared__ float scratch[kMergeThreads / 32];
   WaitForPriorKernels();  // the parts (LaunchDependent)
+  TriggerDependents();
   const int64_t row = blockIdx.x;
   float m = -INFINITY;
   bool nan = false;

@@ -23,6 +23,7 @@ using attention::kLog2e;
 __global__ void __launch_bounds__(kWeightWarps * 32) PageWeightKernel(const PagedDecodeParams p) {
   __shared__ float warp_weight[kWeightWarps][kWeightEntries];
   WaitForPriorKernels();  // the page LSEs and the final LSEs (LaunchDependent)
+  TriggerDependents();
   const int b = blockIdx.y;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int first = p.packed_indptr[b];
