@@ -4,10 +4,10 @@
 // Work split: a block of 4 warps attends one (sequence, KV head, split); its warps take the
 // split's pages in turn, each keeping its own online-softmax state for the GQA group, and the
 // block merges the four states at the end. Each warp streams its pages into shared memory
-// through its own cp.async ring (kStages deep; page-table entries are read 32 at a time, a batch
-// ahead) and handles one 16-token page per step with m16n8k16 tensor-core products (FP16 in,
-// FP32 accumulate). The query heads are the mma's N dimension, so that a GQA group of 8 fills it
-// (smaller groups leave columns, never rows, unused) and a page costs 16 mma:
+// through its own cp.async ring (3 or 5 deep; page-table entries are read 32 at a time, a
+// batch ahead) and handles one 16-token page per step with m16n8k16 tensor-core products (FP16
+// in, FP32 accumulate). The query heads are the mma's N dimension, so that a GQA group of 8
+// fills it (smaller groups leave columns, never rows, unused) and a page costs 16 mma:
 //   S^T = K Q^T:  A = K [16 tokens x 16 dims], B = Q^T [16 dims x 8 heads]  (8 k-steps)
 //   O^T += V^T P^T:  A = V^T [16 dims x 16 tokens], B = P^T [16 tokens x 8 heads]  (8 tiles)
 // P^T comes from S^T's accumulators by one movmatrix transpose per 8 tokens. The fragments'
@@ -73,6 +73,7 @@ struct PageRing {
   }
 };
 
+template <int kStages>
 __device__ __forceinline__ PageRing RingOf(const PagedDecodeParams& p, uint8_t* smem,
                                            const DecodeBlock& k) {
   PageRing r;
@@ -203,10 +204,11 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
   }
 }
 
-// kTiles: query-head tiles of 8 (1 when the GQA group fits in 8 heads, else 2). kPageWeights:
+// kTiles: query-head tiles of 8 (1 when the GQA group fits in 8 heads, else 2). kStages: the
+// depth of each warp's ring (kShallowStages or kDeepStages, stage_page.cuh). kPageWeights:
 // p.page_lse is set; each page's LSE per head is stored there (page_weight.cuh). Without it
 // the page sums are never used and compile away: the kernel does no extra work.
-template <int kTiles, bool kPageWeights>
+template <int kTiles, int kStages, bool kPageWeights>
 __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -221,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
   float o[kTiles][8][4];
   InitState<kTiles>(m_run, l_run, o);
 
-  PageRing ring = RingOf(p, smem, k);
+  PageRing ring = RingOf<kStages>(p, smem, k);
   PageLseStore page_lse{};
   if constexpr (kPageWeights) page_lse = PageLseStoreOf(p, k, ring.first);
 #pragma unroll

@@ -24,7 +24,8 @@ using attention::kE5M2Side;
 using attention::kFp16Side;
 using attention::kNvfp4DimSide;
 using attention::kNvfp4TokenSide;
-using attention::kStages;
+using attention::kDeepStages;
+using attention::kShallowStages;
 using attention::kThreads;
 using attention::kWarps;
 using attention::PagedDecodeKernel;
@@ -78,25 +79,50 @@ bool PlanStaging(PagedDecodeParams& k) {
   return true;
 }
 
+using Kernel = void (*)(PagedDecodeParams);
+
+// Every instance of the kernel: [wide group][deep ring][page weights].
+constexpr Kernel kKernels[2][2][2] = {
+    {{PagedDecodeKernel<1, kShallowStages, false>, PagedDecodeKernel<1, kShallowStages, true>},
+     {PagedDecodeKernel<1, kDeepStages, false>, PagedDecodeKernel<1, kDeepStages, true>}},
+    {{PagedDecodeKernel<2, kShallowStages, false>, PagedDecodeKernel<2, kShallowStages, true>},
+     {PagedDecodeKernel<2, kDeepStages, false>, PagedDecodeKernel<2, kDeepStages, true>}}};
+
+// Shared memory a multiprocessor gives its blocks (H100, H200: 228 KB), less the 1 KB the
+// runtime keeps per block, divided among the blocks that the registers allow (the kernel's
+// launch bounds: 4 of one query-head tile, 2 of two).
+constexpr size_t kSharedPerSm = 228 * 1024;
+constexpr size_t kSharedReservedPerBlock = 1024;
+
+// The most dynamic shared memory a launch asks for (FP16 K and V, the largest staged page, in
+// the shallow ring), the kernels' opt-in limit.
+constexpr size_t kMostSmem =
+    kWarps * kShallowStages * (2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4 + 4);
+
 // The kernel for k's GQA group (keeping page weights or not) and its dynamic shared memory: the
-// staging rings, or the block's merge of its warps' states if larger.
+// staging rings, or the block's merge of its warps' states if larger. The deep ring when it
+// fits beside as many blocks as the registers allow (small pages: NVFP4), else the shallow one.
 struct KernelLaunch {
-  void (*kernel)(PagedDecodeParams);
+  Kernel kernel;
   int smem;
 };
 KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const bool wide = k.num_q_heads / k.num_kv_heads > 8;
   const size_t group_rows = wide ? 16 : 8;
-  const size_t ring = static_cast<size_t>(kWarps) * kStages * (k.stage_bytes + 4);
+  const size_t blocks_by_registers = wide ? 2 : 4;
+  const auto ring = [&](int stages) {
+    return static_cast<size_t>(kWarps) * stages * (k.stage_bytes + 4);
+  };
+  const size_t deep_ring = ring(kDeepStages);
+  const bool deep = deep_ring <= kMostSmem &&
+                    blocks_by_registers * (deep_ring + kSharedReservedPerBlock) <= kSharedPerSm;
   const size_t merge = kWarps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
-  const bool weights = k.page_weight != nullptr;
-  return {wide ? (weights ? PagedDecodeKernel<2, true> : PagedDecodeKernel<2, false>)
-               : (weights ? PagedDecodeKernel<1, true> : PagedDecodeKernel<1, false>),
-          static_cast<int>(std::max(ring, merge))};
+  return {kKernels[wide][deep][k.page_weight != nullptr],
+          static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge))};
 }
 
-// Raises the kernels' opt-in shared memory limit on the current device, once per device, to the
-// most any launch asks for (FP16 K and V, the largest staged page).
+// Raises the kernels' opt-in shared memory limit on the current device, once per device, to
+// kMostSmem.
 cudaError_t RaiseSharedLimit() {
   static std::atomic<uint64_t> raised{0};  // bit d: device d (devices past 63: every launch)
   int device = 0;
@@ -104,13 +130,15 @@ cudaError_t RaiseSharedLimit() {
   if (got != cudaSuccess) return got;
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if ((raised.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
-  constexpr int kMostSmem =
-      kWarps * kStages * (2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4 + 4);
-  for (const auto f : {PagedDecodeKernel<1, false>, PagedDecodeKernel<2, false>,
-                       PagedDecodeKernel<1, true>, PagedDecodeKernel<2, true>}) {
-    const cudaError_t r =
-        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kMostSmem);
-    if (r != cudaSuccess) return r;
+  for (const auto& by_depth : kKernels) {
+    for (const auto& by_weights : by_depth) {
+      for (const Kernel f : by_weights) {
+        const cudaError_t r =
+            cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(kMostSmem));
+        if (r != cudaSuccess) return r;
+      }
+    }
   }
   raised.fetch_or(bit, std::memory_order_relaxed);
   return cudaSuccess;

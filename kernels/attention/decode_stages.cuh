@@ -102,30 +102,51 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const Deco
   }
 }
 
+// QK of one side kind: quarter m of K's rows (pairs 4m..4m+3) feeds k-steps 2m (into s) and
+// 2m + 1 (into odd), decoded just before its products.
+template <uint32_t kKind, int kTiles>
+__device__ __forceinline__ void KeyProducts(const RawKeys<kKind>& raw,
+                                            const uint32_t (&qb)[kTiles][8][2],
+                                            float (&s)[kTiles][4], float (&odd)[kTiles][4]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    uint32_t k0[4], k1[4];
+    KeyQuad<kKind>(raw, 0, m, k0);
+    KeyQuad<kKind>(raw, 1, m, k1);
+    const uint32_t a_even[4] = {k0[0], k1[0], k0[1], k1[1]};
+    const uint32_t a_odd[4] = {k0[2], k1[2], k0[3], k1[3]};
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      Mma(s[t], a_even, qb[t][2 * m][0], qb[t][2 * m][1]);
+      Mma(odd[t], a_odd, qb[t][2 * m + 1][0], qb[t][2 * m + 1][1]);
+    }
+  }
+}
+
 // QK: S^T = K Q^T, the logits of tokens g (s[t][0..1]) and g + 8 (s[t][2..3]) for heads
 // 8t + 2c, +1, as two chains of four k-steps. K's FP32 scales are left out.
 template <int kTiles>
 __device__ __forceinline__ void ComputeLogits(const StagedPage& pg, int g, int c,
                                               const uint32_t (&qb)[kTiles][8][2],
                                               float (&s)[kTiles][4]) {
-  uint32_t k[2][16];
+  float odd[kTiles][4];
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[t][e] = odd[t][e] = 0.f;
+  }
   if (pg.direct) {
-    LoadKeys<kFp16Side>(pg.direct_k, g, c, k);
+    KeyProducts<kFp16Side, kTiles>(LoadKeys<kFp16Side>(pg.direct_k, g, c), qb, s, odd);
   } else {
-    DispatchSide(pg.kinds & 7,
-                 [&](auto kind) { LoadKeys<decltype(kind)::value>(pg.page, g, c, k); });
+    DispatchSide(pg.kinds & 7, [&](auto kind) {
+      constexpr uint32_t kKind = decltype(kind)::value;
+      KeyProducts<kKind, kTiles>(LoadKeys<kKind>(pg.page, g, c), qb, s, odd);
+    });
   }
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
-    float odd[4] = {0.f, 0.f, 0.f, 0.f};
-    s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t a[4] = {k[0][2 * j], k[1][2 * j], k[0][2 * j + 1], k[1][2 * j + 1]};
-      Mma(j % 2 ? odd : s[t], a, qb[t][j][0], qb[t][j][1]);
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[t][e] += odd[e];
+    for (int e = 0; e < 4; ++e) s[t][e] += odd[t][e];
   }
 }
 
@@ -247,23 +268,40 @@ __device__ __forceinline__ void OnlineSoftmax(const PagedDecodeParams& p, const 
   Probabilities<kTiles>(vs, s, m_run, l_run, inv_unit, pb, page_sum);
 }
 
+// PV of one side kind: quarter i of the values (dims 16g + 4i..4i+3 of both token pairs)
+// feeds tiles 2i and 2i + 1, decoded just before their products.
+template <uint32_t kKind, int kTiles>
+__device__ __forceinline__ void ValueProducts(const RawValues<kKind>& raw,
+                                              const uint32_t (&pb)[kTiles][2],
+                                              float (&o)[kTiles][8][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t v0[4], v1[4];
+    ValueQuad<kKind>(raw, 0, i, v0);
+    ValueQuad<kKind>(raw, 1, i, v1);
+    const uint32_t a_even[4] = {v0[0], v0[1], v1[0], v1[1]};
+    const uint32_t a_odd[4] = {v0[2], v0[3], v1[2], v1[3]};
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      Mma(o[t][2 * i], a_even, pb[t][0], pb[t][1]);
+      Mma(o[t][2 * i + 1], a_odd, pb[t][0], pb[t][1]);
+    }
+  }
+}
+
 // PV: O^T += V^T P^T over the page's 16 tokens (8 tiles of 16 dims per query-head tile).
 template <int kTiles>
 __device__ __forceinline__ void AccumulateValues(const StagedPage& pg, int g, int c,
                                                  const uint32_t (&pb)[kTiles][2],
                                                  float (&o)[kTiles][8][4]) {
-  uint32_t v[2][16];
   if (pg.direct) {
-    LoadValues<kFp16Side, true>(pg.direct_k + pg.direct_v, g, c, v, pg.valid);
+    ValueProducts<kFp16Side, kTiles>(
+        LoadValues<kFp16Side, true>(pg.direct_k + pg.direct_v, g, c, pg.valid), pb, o);
   } else {
-    DispatchSide((pg.kinds >> 3) & 7,
-                 [&](auto kind) { LoadValues<decltype(kind)::value>(pg.v_side, g, c, v); });
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t a[4] = {v[0][2 * i], v[0][2 * i + 1], v[1][2 * i], v[1][2 * i + 1]};
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) Mma(o[t][i], a, pb[t][0], pb[t][1]);
+    DispatchSide((pg.kinds >> 3) & 7, [&](auto kind) {
+      constexpr uint32_t kKind = decltype(kind)::value;
+      ValueProducts<kKind, kTiles>(LoadValues<kKind>(pg.v_side, g, c), pb, o);
+    });
   }
 }
 

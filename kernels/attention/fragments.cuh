@@ -21,133 +21,187 @@ __device__ __forceinline__ uint4 Load16(const uint8_t* p) {
   return *reinterpret_cast<const uint4*>(p);
 }
 
-// K rows g and g + 8 of a staged side, dims 32c..32c+31, decoded to the canonical order
-// (NVFP4 times 2^-7); the FP32 scale is left out.
+// K rows g and g + 8 of a staged side, dims 32c..32c+31, as loaded: the codes (FP8 8 words
+// per row, NVFP4 4) and the NVFP4 micro-scale codes, which KeyQuad decodes a quarter at a time
+// so that a quarter's products start while the next is decoded and only a quarter's FP16
+// pairs are live at once. FP16 rows, as large as their pairs, are read a quarter at a time
+// (from `row`), which keeps the kernel within the registers of 5 blocks per multiprocessor.
 template <uint32_t kKind>
-__device__ __forceinline__ void LoadKeys(const uint8_t* side, int g, int c, uint32_t k[2][16]) {
+struct RawKeys {
+  static constexpr bool kByQuarter = kKind == kFp16Side;
+  static constexpr int kWords = kByQuarter ? 1 : kKind <= kE5M2Side ? 8 : 4;
+  uint32_t w[2][kWords];
+  const uint8_t* row[2];                                 // FP16 only
+  uint32_t micro[2][kKind == kNvfp4TokenSide ? 8 : 1];  // dim side: one pair of codes per row
+};
+
+template <uint32_t kKind>
+__device__ __forceinline__ RawKeys<kKind> LoadKeys(const uint8_t* side, int g, int c) {
   constexpr uint32_t kRow = RowBytes(kKind);
+  constexpr int kWords = RawKeys<kKind>::kWords;
   const uint8_t* micro = side + 16 * kRow;
+  RawKeys<kKind> r;
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
     const int token = g + 8 * n;
-    const uint8_t* row = side + token * kRow;
-    if constexpr (kKind == kFp16Side) {
-      uint32_t w[16];
+    const uint8_t* row = side + token * kRow + (kRow / 4) * c;
+    r.row[n] = row;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint4 v = Load16(row + 64 * c + 16 * i);
-        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-      }
-      // Word u holds dims 2u, 2u + 1; pair 4m + q needs dims 8m + q and 8m + q + 4.
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          k[n][4 * m + q] = Prmt(w[4 * m + q / 2], w[4 * m + 2 + q / 2], q % 2 ? 0x7632 : 0x5410);
-        }
-      }
-    } else if constexpr (kKind == kE4M3Side || kKind == kE5M2Side) {
-      Fp8RowToCanonical<kKind == kE5M2Side>(Load16(row + 32 * c), Load16(row + 32 * c + 16), k[n]);
-    } else {
-      const uint4 v = Load16(row + 16 * c);
+    for (int i = 0; i < kWords / 4; ++i) {
+      const uint4 v = Load16(row + 16 * i);
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      uint32_t scale[16];  // per canonical pair
-      if constexpr (kKind == kNvfp4DimSide) {
-        // Two micro-blocks: dims 32c..+15 (words 0, 1) and 32c+16..+31 (words 2, 3).
-        const uint32_t pair =
-            MicroPair(*reinterpret_cast<const uint16_t*>(micro + 8 * token + 2 * c));
-        const uint32_t lo = Prmt(pair, pair, 0x1010), hi = Prmt(pair, pair, 0x3232);
 #pragma unroll
-        for (int r = 0; r < 16; ++r) scale[r] = r < 8 ? lo : hi;
-      } else {
-        // One micro-scale per dim (the page is one 16-token group): the canonical order of an
-        // FP8 row.
-        uint32_t ms[16];
-        Fp8RowToCanonical<false>(Load16(micro + 32 * c), Load16(micro + 32 * c + 16), ms);
-#pragma unroll
-        for (int r = 0; r < 16; ++r) scale[r] = Hmul2(ms[r], kHalf2Pow7);
-      }
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        uint32_t h[4];
-        E2M1x8Scaled(w[m], h);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) k[n][4 * m + q] = Hmul2(h[q], scale[4 * m + q]);
-      }
+      for (int u = 0; u < 4; ++u) r.w[n][4 * i + u] = w[u];
     }
+    if constexpr (kKind == kNvfp4DimSide) {
+      r.micro[n][0] = *reinterpret_cast<const uint16_t*>(micro + 8 * token + 2 * c);
+    }
+  }
+  if constexpr (kKind == kNvfp4TokenSide) {  // one micro-scale per dim, shared by both rows
+    const uint4 a = Load16(micro + 32 * c), b = Load16(micro + 32 * c + 16);
+    const uint32_t m[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.micro[0][i] = m[i];
+  }
+  return r;
+}
+
+// Quarter m of K row g + 8n (RawKeys) decoded to the canonical order: pairs 4m..4m+3, which
+// hold dims 32c + 8m + q and 32c + 8m + q + 4 (NVFP4 times 2^-7); the FP32 scale is left out.
+template <uint32_t kKind>
+__device__ __forceinline__ void KeyQuad(const RawKeys<kKind>& r, int n, int m, uint32_t k[4]) {
+  if constexpr (kKind == kFp16Side) {
+    // Word u of the quarter holds dims 8m + 2u, 8m + 2u + 1.
+    const uint4 v = Load16(r.row[n] + 16 * m);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) k[q] = Prmt(w[q / 2], w[2 + q / 2], q % 2 ? 0x7632 : 0x5410);
+  } else if constexpr (kKind == kE4M3Side || kKind == kE5M2Side) {
+    // Dims q and q + 4 for q = 0, 1 (lo), then q = 2, 3 (hi).
+    const uint32_t lo = Prmt(r.w[n][2 * m], r.w[n][2 * m + 1], 0x5140);
+    const uint32_t hi = Prmt(r.w[n][2 * m], r.w[n][2 * m + 1], 0x7362);
+    Fp8x4ToHalf2x2<kKind == kE5M2Side>(lo, k[0], k[1]);
+    Fp8x4ToHalf2x2<kKind == kE5M2Side>(hi, k[2], k[3]);
+  } else {
+    uint32_t scale[4];
+    if constexpr (kKind == kNvfp4DimSide) {
+      // Two micro-blocks: dims 32c..+15 (quarters 0, 1) and 32c+16..+31 (quarters 2, 3).
+      const uint32_t pair = MicroPair(r.micro[n][0]);
+      const uint32_t one = Prmt(pair, pair, m < 2 ? 0x1010 : 0x3232);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) scale[q] = one;
+    } else {
+      // One micro-scale per dim (the page is one 16-token group), in the canonical order of
+      // an FP8 row.
+      const uint32_t lo = Prmt(r.micro[0][2 * m], r.micro[0][2 * m + 1], 0x5140);
+      const uint32_t hi = Prmt(r.micro[0][2 * m], r.micro[0][2 * m + 1], 0x7362);
+      Fp8x4ToHalf2x2<false>(lo, scale[0], scale[1]);
+      Fp8x4ToHalf2x2<false>(hi, scale[2], scale[3]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) scale[q] = Hmul2(scale[q], kHalf2Pow7);
+    }
+    uint32_t h[4];
+    E2M1x8Scaled(r.w[n][m], h);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) k[q] = Hmul2(h[q], scale[q]);
   }
 }
 
-// V of tokens (2c, 2c+1) and (2c+8, 2c+9), dims 16g..16g+15, of a staged side, as token
-// pairs: v[j][t] holds dim 16g + t of token pair j (NVFP4 times 2^-7). The FP32 scale is left
-// out. kMasked (FP16 only): tokens at or past `valid` read as zeros.
+// V of tokens (2c, 2c+1) and (2c+8, 2c+9), dims 16g..16g+15, of a staged side, as loaded: the
+// codes of each token (FP8 4 words, NVFP4 2) and the NVFP4 micro-scale codes, which ValueQuad
+// decodes a quarter at a time; FP16 rows are read a quarter at a time (as RawKeys). kMasked
+// (FP16 only): tokens at or past `valid` read as zeros.
+template <uint32_t kKind>
+struct RawValues {
+  static constexpr bool kByQuarter = kKind == kFp16Side;
+  static constexpr int kWords = kByQuarter ? 1 : kKind <= kE5M2Side ? 4 : 2;
+  uint32_t a[2][kWords], b[2][kWords];  // [token pair j]: tokens 2c + 8j and 2c + 8j + 1
+  const uint8_t* ra[2];                 // FP16 only: token 2c + 8j's row, then token + 1's
+  uint32_t keep_a[2], keep_b[2];        // FP16 only: all ones, or zero past `valid`
+  uint32_t micro[2][kKind == kNvfp4TokenSide ? 4 : 1];
+};
+
 template <uint32_t kKind, bool kMasked = false>
-__device__ __forceinline__ void LoadValues(const uint8_t* side, int g, int c, uint32_t v[2][16],
-                                           int valid = kDecodeBlockTokens) {
+__device__ __forceinline__ RawValues<kKind> LoadValues(const uint8_t* side, int g, int c,
+                                                       int valid = kDecodeBlockTokens) {
   static_assert(!kMasked || kKind == kFp16Side);
   constexpr uint32_t kRow = RowBytes(kKind);
+  constexpr int kWords = RawValues<kKind>::kWords;
   const uint8_t* micro = side + 16 * kRow;
+  RawValues<kKind> r;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int t0 = 2 * c + 8 * j;
-    const uint8_t* ra = side + t0 * kRow;
+    const uint8_t* ra = side + t0 * kRow + (kRow / 8) * g;
     const uint8_t* rb = ra + kRow;
-    if constexpr (kKind == kFp16Side) {
-      const uint4 a0 = Load16(ra + 32 * g), a1 = Load16(ra + 32 * g + 16);
-      const uint4 b0 = Load16(rb + 32 * g), b1 = Load16(rb + 32 * g + 16);
-      uint32_t a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-      uint32_t b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-      if constexpr (kMasked) {
-        const uint32_t keep_a = t0 < valid ? ~0u : 0u, keep_b = t0 + 1 < valid ? ~0u : 0u;
-#pragma unroll
-        for (int w = 0; w < 8; ++w) a[w] &= keep_a, b[w] &= keep_b;
-      }
-#pragma unroll
-      for (int w = 0; w < 8; ++w) {
-        v[j][2 * w] = Prmt(a[w], b[w], 0x5410);
-        v[j][2 * w + 1] = Prmt(a[w], b[w], 0x7632);
-      }
-    } else if constexpr (kKind == kE4M3Side || kKind == kE5M2Side) {
-      const uint4 a = Load16(ra + 16 * g), b = Load16(rb + 16 * g);
-      const uint32_t wa[4] = {a.x, a.y, a.z, a.w};
-      const uint32_t wb[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint32_t lo = Prmt(wa[w], wb[w], 0x5140);  // dims 4w, 4w + 1
-        const uint32_t hi = Prmt(wa[w], wb[w], 0x7362);  // dims 4w + 2, 4w + 3
-        Fp8x4ToHalf2x2<kKind == kE5M2Side>(lo, v[j][4 * w + 0], v[j][4 * w + 1]);
-        Fp8x4ToHalf2x2<kKind == kE5M2Side>(hi, v[j][4 * w + 2], v[j][4 * w + 3]);
-      }
+    if constexpr (RawValues<kKind>::kByQuarter) {
+      r.ra[j] = ra;
+      r.keep_a[j] = !kMasked || t0 < valid ? ~0u : 0u;
+      r.keep_b[j] = !kMasked || t0 + 1 < valid ? ~0u : 0u;
+    } else if constexpr (kWords == 2) {
+      const uint2 a = *reinterpret_cast<const uint2*>(ra);
+      const uint2 b = *reinterpret_cast<const uint2*>(rb);
+      r.a[j][0] = a.x, r.a[j][1] = a.y, r.b[j][0] = b.x, r.b[j][1] = b.y;
     } else {
-      const uint2 a = *reinterpret_cast<const uint2*>(ra + 8 * g);
-      const uint2 b = *reinterpret_cast<const uint2*>(rb + 8 * g);
-      uint32_t scale[16];  // per dim t: the micro-scales of the two tokens
-      if constexpr (kKind == kNvfp4DimSide) {
-        const uint32_t pair =
-            MicroPair(micro[8 * t0 + g] | (static_cast<uint32_t>(micro[8 * t0 + 8 + g]) << 8));
 #pragma unroll
-        for (int t = 0; t < 16; ++t) scale[t] = pair;
-      } else {
-        const uint4 m = Load16(micro + 16 * g);
-        const uint32_t mw[4] = {m.x, m.y, m.z, m.w};
+      for (int i = 0; i < kWords / 4; ++i) {
+        const uint4 a = Load16(ra + 16 * i), b = Load16(rb + 16 * i);
+        const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-        for (int t = 0; t < 16; t += 2) {
-          const uint32_t pair = MicroPair((mw[t / 4] >> (8 * (t % 4))) & 0xFFFFu);
-          scale[t] = Prmt(pair, pair, 0x1010);
-          scale[t + 1] = Prmt(pair, pair, 0x3232);
-        }
-      }
-      // Bytes of token a then token b, so that nibbles p and p + 4 are dim p of each token.
-      const uint32_t x[4] = {Prmt(a.x, b.x, 0x5410), Prmt(a.x, b.x, 0x7632),
-                             Prmt(a.y, b.y, 0x5410), Prmt(a.y, b.y, 0x7632)};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // dims 4i .. 4i + 3
-        uint32_t h[4];
-        E2M1x8Scaled(x[i], h);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) v[j][4 * i + q] = Hmul2(h[q], scale[4 * i + q]);
+        for (int u = 0; u < 4; ++u) r.a[j][4 * i + u] = wa[u], r.b[j][4 * i + u] = wb[u];
       }
     }
+    if constexpr (kKind == kNvfp4DimSide) {
+      r.micro[j][0] = micro[8 * t0 + g] | (static_cast<uint32_t>(micro[8 * t0 + 8 + g]) << 8);
+    }
+  }
+  if constexpr (kKind == kNvfp4TokenSide) {  // one micro-scale per dim, shared by every token
+    const uint4 m = Load16(micro + 16 * g);
+    r.micro[0][0] = m.x, r.micro[0][1] = m.y, r.micro[0][2] = m.z, r.micro[0][3] = m.w;
+  }
+  return r;
+}
+
+// Quarter i of token pair j (RawValues) decoded: v[q] holds dim 16g + 4i + q of the pair's two
+// tokens (NVFP4 times 2^-7); the FP32 scale is left out.
+template <uint32_t kKind>
+__device__ __forceinline__ void ValueQuad(const RawValues<kKind>& r, int j, int i, uint32_t v[4]) {
+  if constexpr (kKind == kFp16Side) {
+    constexpr uint32_t kRow = RowBytes(kFp16Side);
+    const uint2 a = *reinterpret_cast<const uint2*>(r.ra[j] + 8 * i);
+    const uint2 b = *reinterpret_cast<const uint2*>(r.ra[j] + kRow + 8 * i);
+    const uint32_t wa[2] = {a.x & r.keep_a[j], a.y & r.keep_a[j]};
+    const uint32_t wb[2] = {b.x & r.keep_b[j], b.y & r.keep_b[j]};
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      v[2 * w] = Prmt(wa[w], wb[w], 0x5410);
+      v[2 * w + 1] = Prmt(wa[w], wb[w], 0x7632);
+    }
+  } else if constexpr (kKind == kE4M3Side || kKind == kE5M2Side) {
+    const uint32_t lo = Prmt(r.a[j][i], r.b[j][i], 0x5140);  // dims 4i, 4i + 1
+    const uint32_t hi = Prmt(r.a[j][i], r.b[j][i], 0x7362);  // dims 4i + 2, 4i + 3
+    Fp8x4ToHalf2x2<kKind == kE5M2Side>(lo, v[0], v[1]);
+    Fp8x4ToHalf2x2<kKind == kE5M2Side>(hi, v[2], v[3]);
+  } else {
+    uint32_t scale[4];  // per dim: the micro-scales of the two tokens
+    if constexpr (kKind == kNvfp4DimSide) {
+      const uint32_t pair = MicroPair(r.micro[j][0]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) scale[q] = pair;
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; q += 2) {
+        const uint32_t pair = MicroPair((r.micro[0][i] >> (8 * q)) & 0xFFFFu);
+        scale[q] = Prmt(pair, pair, 0x1010);
+        scale[q + 1] = Prmt(pair, pair, 0x3232);
+      }
+    }
+    // Bytes of token a then token b, so that nibbles p and p + 4 are dim p of each token.
+    const uint32_t x = Prmt(r.a[j][i / 2], r.b[j][i / 2], i % 2 ? 0x7632 : 0x5410);
+    uint32_t h[4];
+    E2M1x8Scaled(x, h);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = Hmul2(h[q], scale[q]);
   }
 }
 

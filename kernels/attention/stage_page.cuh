@@ -1,8 +1,9 @@
 // Staging pages in shared memory for the decode kernel (kernels/attention/): each warp streams
-// its pages through a ring of kStages buffers with cp.async, so that the loads of the next pages
-// are in flight while it computes on this one. A staged page holds one KV head of one page:
-// [K rows][K micro-scales][V rows][V micro-scales] as the format's plan lays them out
-// (PagedDecodeParams::FormatPlan), then 16 K and 16 V FP32 scales at `scales_at`.
+// its pages through a ring of staged pages with cp.async (kShallowStages or kDeepStages deep),
+// so that the loads of the next pages are in flight while it computes on this one. A staged
+// page holds one KV head of one page: [K rows][K micro-scales][V rows][V micro-scales] as the
+// format's plan lays them out (PagedDecodeParams::FormatPlan), then 16 K and 16 V FP32 scales
+// at `scales_at`.
 #ifndef KVTIER_KERNELS_ATTENTION_STAGE_PAGE_CUH_
 #define KVTIER_KERNELS_ATTENTION_STAGE_PAGE_CUH_
 
@@ -15,7 +16,12 @@
 
 namespace kvtier::gpu::attention {
 
-constexpr int kStages = 3;  // buffers in each warp's ring
+// The depths of a warp's ring the kernel is compiled for. Every block keeps kWarps x (depth - 1)
+// pages in flight; the planner (decode_launch.cu) takes the deep ring when it fits the blocks
+// that the registers allow on a multiprocessor, which small pages (NVFP4) need: with 3 stages an
+// NVFP4 page of 2.4 KB left 77 KB in flight per multiprocessor, too few for the read roof.
+constexpr int kShallowStages = 3;
+constexpr int kDeepStages = 5;
 
 // Starts copying one side of a page's head into a staged page at shared address dst: the warp
 // copies kRows bytes of token rows from `rows`, then, for NVFP4 (kMicro), the 128 bytes of
