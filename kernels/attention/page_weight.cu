@@ -1,8 +1,9 @@
 // The second step of the decode kernel's page weights (kernels/attention/page_weight.cuh): a
-// block takes 32 packed entries of one sequence, lane l entry l and warp w the KV heads w,
-// w + kWeightWarps, ... (a warp reads its KV heads' page LSEs of the 32 pages as one coalesced
-// range); each thread keeps the largest weight of its heads, the block reduces them over its
-// warps in shared memory, and warp 0 max-accumulates each entry's into page_weight.
+// block takes kWeightEntries packed entries of one sequence, lane l entries l, l + 32, ... and
+// warp w the KV heads w, w + kWeightWarps, ... (a warp reads a KV head's page LSEs of 32 pages as
+// one coalesced range, kWeightRounds ranges in flight); each thread keeps the largest weight of
+// its heads per entry, and the block reduces them over its warps in shared memory and max-
+// accumulates each entry's into page_weight. A wave of blocks covers batch 64 x 32K.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -16,11 +17,13 @@ namespace kvtier::gpu {
 namespace {
 
 constexpr int kWeightWarps = 8;
-constexpr int kWeightEntries = 32;  // per block, one per lane
+constexpr int kWeightRounds = 4;                      // entries per lane
+constexpr int kWeightEntries = 32 * kWeightRounds;    // per block
+static_assert(kWeightEntries <= kWeightWarps * 32, "a thread per entry in the block's reduction");
 using attention::kLog2e;
 
-// Block (x, b): entries x * kWeightEntries + lane of sequence b.
-__global__ void __launch_bounds__(kWeightWarps * 32) PageWeightKernel(const PagedDecodeParams p) {
+// Block (x, b): entries x * kWeightEntries ... of sequence b.
+__global__ void __launch_bounds__(kWeightWarps * 32, 8) PageWeightKernel(const PagedDecodeParams p) {
   __shared__ float warp_weight[kWeightWarps][kWeightEntries];
   WaitForPriorKernels();  // the page LSEs and the final LSEs (LaunchDependent)
   TriggerDependents();
@@ -28,27 +31,41 @@ __global__ void __launch_bounds__(kWeightWarps * 32) PageWeightKernel(const Page
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int first = p.packed_indptr[b];
   const int pages = p.packed_indptr[b + 1] - first;
-  const int i = blockIdx.x * kWeightEntries + lane;
-  if (blockIdx.x * kWeightEntries >= pages) return;  // the whole block
+  const int block_page = blockIdx.x * kWeightEntries;
+  if (block_page >= pages) return;  // the whole block
   const int group = p.num_q_heads / p.num_kv_heads;
   const float* lse = p.lse + static_cast<int64_t>(b) * p.num_q_heads;
-  float weight = 0.f;
-  for (int kv = warp; kv < p.num_kv_heads && i < pages; kv += kWeightWarps) {
-    const float* page_lse = p.page_lse + attention::PageLseIndex(p, first, pages, kv, i, 0);
+  // Lane's page of each round; past the sequence's end, its last page (read, never kept), so
+  // that every round's load is issued unconditionally.
+  int page[kWeightRounds];
+#pragma unroll
+  for (int r = 0; r < kWeightRounds; ++r) page[r] = min(block_page + lane + 32 * r, pages - 1);
+  float weight[kWeightRounds] = {};
+  for (int kv = warp; kv < p.num_kv_heads; kv += kWeightWarps) {
     for (int h = 0; h < group; ++h) {
       const float l = lse[kv * group + h];
       // A head whose LSE is not finite (NaN, or -inf: nothing attended) adds nothing.
-      if (isfinite(l)) weight = fmaxf(weight, exp2f(page_lse[h] - l * kLog2e));
+      if (!isfinite(l)) continue;
+      const float* page_lse = p.page_lse + attention::PageLseIndex(p, first, pages, kv, 0, h);
+#pragma unroll
+      for (int r = 0; r < kWeightRounds; ++r) {
+        const float x = page_lse[static_cast<int64_t>(page[r]) * group];
+        weight[r] = fmaxf(weight[r], exp2f(x - l * kLog2e));
+      }
     }
   }
-  warp_weight[warp][lane] = weight;
-  __syncthreads();
-  if (warp != 0 || i >= pages) return;
 #pragma unroll
-  for (int w = 1; w < kWeightWarps; ++w) weight = fmaxf(weight, warp_weight[w][lane]);
-  weight = fminf(weight, 1.f);  // rounding may exceed 1 for a page that holds all the weight
-  if (weight > 0.f) {
-    atomicMax(reinterpret_cast<int*>(p.page_weight + first + i), __float_as_int(weight));
+  for (int r = 0; r < kWeightRounds; ++r) warp_weight[warp][lane + 32 * r] = weight[r];
+  __syncthreads();
+  const int e = threadIdx.x;  // the block's entry this thread reduces
+  if (e >= kWeightEntries || block_page + e >= pages) return;
+  float most = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWeightWarps; ++w) most = fmaxf(most, warp_weight[w][e]);
+  most = fminf(most, 1.f);  // rounding may exceed 1 for a page that holds all the weight
+  if (most > 0.f) {
+    atomicMax(reinterpret_cast<int*>(p.page_weight + first + block_page + e),
+              __float_as_int(most));
   }
 }
 
