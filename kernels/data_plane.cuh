@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/migrate_occupancy.h"
 #include "kernels/page_layout.h"
 
 namespace kvtier::gpu {
@@ -125,11 +126,6 @@ struct LayerPools {
   float dst_v_scale = 1.f;
 };
 
-// Occupancy of the Requantize kernel for FP16/BF16 sources (the hot demotions): blocks of 8
-// warps per SM, which trades loads in flight against registers for independent work.
-// Measured in gpu_bench (docs/gpu.md): 3 and 4 are within 2% of each other, 2 is slower.
-enum class RequantizeVariant : uint8_t { kThreeBlocksPerSm, kTwoBlocksPerSm, kFourBlocksPerSm };
-
 struct RequantizeParams {
   PageLayout src{};
   PageLayout dst{};
@@ -140,7 +136,8 @@ struct RequantizeParams {
   int32_t num_blocks = 0;
   // Use the fast conversions of fast_codec.cuh (only where the self-check passed).
   bool fast = true;
-  RequantizeVariant variant = RequantizeVariant::kThreeBlocksPerSm;
+  // Occupancy for FP16, BF16 and FP8 E4M3 sources (migrate_occupancy.h).
+  RequantizeVariant variant = RequantizeVariant::kAuto;
 };
 
 // One launch for all layers and blocks: page src_pages[i] of layers[l].src is decoded and
@@ -182,7 +179,8 @@ cudaError_t LaunchReadPage(const ReadPageParams& p, cudaStream_t stream);
 // it may receive (all 2^32 floats, all 2^16 halves, all 256 E4M3 codes). counts (device, kSelfCheckCounters
 // zeroed values) receives the number of mismatches of each conversion; first_mismatch (same
 // size, set to ~0 by the caller) the smallest failing input bits.
-constexpr int kSelfCheckCounters = 4;  // E4M3 encode, E2M1 encode, FP16 decode, E4M3 decode
+// E4M3 encode, E2M1 encode, FP16 decode, E4M3 decode, E4M3 of p / 6 (the NVFP4 micro-scale)
+constexpr int kSelfCheckCounters = 5;
 cudaError_t LaunchFastCodecSelfCheck(unsigned long long* counts, unsigned int* first_mismatch,
                                      cudaStream_t stream);
 

@@ -18,6 +18,8 @@
 //                    (whose payload may differ).
 //   FastE4M3Magnitude |E4M3ToFloat(code)| x 2^-120 from the code's bits, exact for the 127
 //                    non-NaN magnitudes (no conversion instruction).
+//   FastDivideBy6    p / 6 without a division, for the NVFP4 micro-scale e4m3(p / 6): its E4M3
+//                    code equals codec::FloatToE4M3(p / 6) for every p in [+0, FLT_MAX].
 #ifndef KVTIER_KERNELS_FAST_CODEC_CUH_
 #define KVTIER_KERNELS_FAST_CODEC_CUH_
 
@@ -56,7 +58,8 @@ __device__ __forceinline__ float FastE4M3ToFloat(uint32_t code) {
 // the code) is left clear: callers packing eight codes add the biased values shifted,
 // subtract the bias once and OR the sign bits in (SignNibbles8).
 // kSaturate false skips the clamp to 6. REQUIRES then: |x| < 7 (below 7 the [4, 6] candidate
-// still rounds to code 7).
+// still rounds to code 7). The candidates are positive floats, which order as their bits do:
+// one three-way integer min takes the smallest.
 constexpr uint32_t kE2M1Bias = 0x4B000000u;
 template <bool kSaturate = true>
 __device__ __forceinline__ uint32_t FastE2M1MagnitudeBiased(float x) {
@@ -64,7 +67,7 @@ __device__ __forceinline__ uint32_t FastE2M1MagnitudeBiased(float x) {
   const float c1 = __fmaf_rn(y, 2.f, 0x1p23f);
   const float c2 = __fadd_rn(y, 0x1p23f + 2.f);
   const float c3 = __fmaf_rn(y, 0.5f, 0x1p23f + 4.f);
-  return __float_as_uint(fminf(c1, fminf(c2, c3)));
+  return __vimin3_u32(__float_as_uint(c1), __float_as_uint(c2), __float_as_uint(c3));
 }
 
 // The E2M1 code of x: the magnitude code and x's sign bit. REQUIRES: x is not NaN.
@@ -100,6 +103,16 @@ __device__ __forceinline__ uint32_t FastPackE2M1x8(const float* x, float m, uint
 // product DecodeRow rounds.
 __device__ __forceinline__ float FastE4M3Magnitude(uint32_t bits20) {
   return __uint_as_float(bits20);
+}
+
+// p / 6 for p in [+0, FLT_MAX]: the product by RN(1/6), corrected once by its exact residual
+// (Markstein's theorem: correctly rounded wherever the quotient is a normal float). Below
+// p = 2^-125, where the IEEE quotient is subnormal, it may differ by an ulp; E4M3 rounds both to
+// 0 there.
+__device__ __forceinline__ float FastDivideBy6(float p) {
+  constexpr float kSixth = 1.f / 6.f;
+  const float q = __fmul_rn(p, kSixth);
+  return __fmaf_rn(__fmaf_rn(-q, 6.f, p), kSixth, q);
 }
 
 // max(a, |x|) where a NaN x makes the result NaN (PTX max.NaN): an amax that also flags NaN.

@@ -12,8 +12,9 @@
 // Tiles of at most kCachedGroups groups per lane (16 x 128 and smaller) stay in registers
 // between the amax pass and the encode pass (tile_cache.cuh), as raw bytes for FP16, BF16 and
 // E4M3 sources (a kernel compiled for that source type, so that a lane issues all its loads
-// before it waits), so that 3 blocks of 8 warps fit per SM and keep enough loads in flight
-// (docs/gpu.md has the measurements, and a persistent cp.async variant that was slower).
+// before it waits), so that 3 or 4 blocks of 8 warps fit per SM (migrate_occupancy.h) and keep
+// enough loads in flight (docs/gpu.md has the measurements, and a persistent cp.async variant
+// that was slower).
 // Larger tiles are read twice. Codecs that encode token by token (FP16, BF16, FP8 per tensor
 // or per (token, head), NVFP4 per tensor) take a lane per token and the codec functions.
 #include <cfloat>
@@ -115,9 +116,10 @@ __device__ __forceinline__ uint8_t MicroScale(float s_enc, float micro_amax, flo
   uint8_t sf;
   float decoded;
   if (kFast) {
-    const float t = (s_enc * micro_amax) / codec::kE2M1Max;
+    static_assert(codec::kE2M1Max == 6.f);
+    const float t = FastDivideBy6(fminf(s_enc * micro_amax, FLT_MAX));
     sf = t > 0.f ? static_cast<uint8_t>(FastE4M3x4(t, 0.f, 0.f, 0.f)) : 0;
-    decoded = FastE4M3ToFloat(sf);  // never NaN: t is positive and finite or +Inf
+    decoded = FastE4M3ToFloat(sf);  // never NaN: t is positive and finite
   } else {
     sf = codec::Nvfp4MicroScale(s_enc, micro_amax);
     decoded = codec::E4M3ToFloat(sf);
@@ -359,6 +361,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm)
   ExactTile(p.src, p.dst, t, lane);
 }
 
+// The fast kernel for sources kSrc at `blocks` (2, 3 or 4) blocks per SM.
+template <SrcKind kSrc>
+void LaunchFast(const RequantizeParams& p, int blocks, dim3 grid, cudaStream_t stream) {
+  constexpr int kThreads = kWarpsPerBlock * 32;
+  if (blocks == 2) {
+    RequantizeKernel<true, kSrc, 2><<<grid, kThreads, 0, stream>>>(p);
+  } else if (blocks == 4) {
+    RequantizeKernel<true, kSrc, 4><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    RequantizeKernel<true, kSrc, 3><<<grid, kThreads, 0, stream>>>(p);
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchRequantize(const RequantizeParams& p, cudaStream_t stream) {
@@ -372,19 +387,15 @@ cudaError_t LaunchRequantize(const RequantizeParams& p, cudaStream_t stream) {
   const uint64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 0x7FFFFFFFull) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(blocks));
-  constexpr int kThreads = kWarpsPerBlock * 32;
+  const int blocks_per_sm = RequantizeBlocksPerSm(p.variant, p.dst);
   if (!p.fast) {
-    RequantizeKernel<false, SrcKind::kAny, 2><<<grid, kThreads, 0, stream>>>(p);
+    RequantizeKernel<false, SrcKind::kAny, 2><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
   } else if (e4m3) {
-    RequantizeKernel<true, SrcKind::kE4M3, 3><<<grid, kThreads, 0, stream>>>(p);
+    LaunchFast<SrcKind::kE4M3>(p, blocks_per_sm, grid, stream);
   } else if (!is16(p.src.k) || !is16(p.src.v)) {
-    RequantizeKernel<true, SrcKind::kAny, 2><<<grid, kThreads, 0, stream>>>(p);
-  } else if (p.variant == RequantizeVariant::kTwoBlocksPerSm) {
-    RequantizeKernel<true, SrcKind::k16, 2><<<grid, kThreads, 0, stream>>>(p);
-  } else if (p.variant == RequantizeVariant::kFourBlocksPerSm) {
-    RequantizeKernel<true, SrcKind::k16, 4><<<grid, kThreads, 0, stream>>>(p);
+    RequantizeKernel<true, SrcKind::kAny, 2><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
   } else {
-    RequantizeKernel<true, SrcKind::k16, 3><<<grid, kThreads, 0, stream>>>(p);
+    LaunchFast<SrcKind::k16>(p, blocks_per_sm, grid, stream);
   }
   return cudaGetLastError();
 }

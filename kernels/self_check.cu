@@ -38,6 +38,10 @@ __global__ void SelfCheckKernel(unsigned long long* counts, unsigned int* first)
             __float_as_uint(codec::HalfToFloat(static_cast<uint16_t>(u)))) {
       Mismatch(counts, first, 2, u);
     }
+    if (u <= 0x7F7FFFFFu && (FastE4M3x4(FastDivideBy6(x), 0.f, 0.f, 0.f) & 0xFFu) !=
+                                codec::FloatToE4M3(x / 6.f)) {
+      Mismatch(counts, first, 4, u);
+    }
     if (u < 0x100u && (u & 0x7Fu) != 0x7Fu) {
       const float e = codec::E4M3ToFloat(static_cast<uint8_t>(u));
       if (__float_as_uint(FastE4M3ToFloat(u)) != __float_as_uint(e) ||

@@ -135,24 +135,26 @@ struct CachedGroup<SrcKind::k16> {
   }
 };
 
-// ...or, for E4M3 sources, the 16 codes and the row's scale s, kept as s x 2^120 so that
-// FastE4M3Magnitude(bits) x s2 = |code value| x s rounded once, as DecodeRow computes it, with
-// no conversion instruction; the sign is the code's (s2 >= +0). The micro-block amax is the
+// ...or, for E4M3 sources, the 16 codes and the row's scale s. Decoded as
+// FastE4M3Magnitude(bits) x s2 with s2 = s x 2^120: |code value| x s rounded once, as DecodeRow
+// computes it, with no conversion instruction; the sign is the code's (s2 >= +0). s2 is formed
+// where it is used, not in Load, so that no load waits for another. The micro-block amax is the
 // largest magnitude code decoded (rounding is monotonic). Valid only where s2 is a finite
 // non-negative float (s in [+0, 2^8)) and no code is NaN: AbsMax returns NaN otherwise, which
 // sends the tile to the exact path.
 template <>
 struct CachedGroup<SrcKind::kE4M3> {
   uint4 q;
-  float s2;
+  float s;
   __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, int token, int d0) {
     const CodecLayout& c = Side(l, t);
     q = *reinterpret_cast<const uint4*>(t.src + l.PayloadOffset(c, t.head, token) + d0);
-    s2 = RowScale(l, c, t.src, t.head, token, t.src_scale) * 0x1p120f;
+    s = RowScale(l, c, t.src, t.head, token, t.src_scale);
   }
   // x[i], or with kSign false |x[i]|.
   template <bool kSign>
   __device__ __forceinline__ void Decode(float x[16]) const {
+    const float s2 = s * 0x1p120f;
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -173,6 +175,7 @@ struct CachedGroup<SrcKind::kE4M3> {
     m = __vimax3_u16x2(m, (q.y >> 8) & kLow7, (q.z >> 8) & kLow7);
     m = __vimax3_u16x2(m, (q.w >> 8) & kLow7, 0u);
     m = max(m & 0xFFFFu, m >> 16);
+    const float s2 = s * 0x1p120f;
     const bool valid = m < 0x7Fu && __float_as_uint(s2) < 0x7F800000u;
     return valid ? FastE4M3Magnitude(m << 20) * s2 : __uint_as_float(0x7FFFFFFFu);
   }

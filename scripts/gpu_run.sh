@@ -40,7 +40,7 @@ step() {  # name, timeout seconds, command...
 # The step limits of each part add up to under the device tool's 10 minutes per command.
 if [ "$part" != sanitizers ]; then
 step tests 420 bundle/kvtier_gpu_tests --gtest_output="json:$out/tests.json"
-for blocks in 2 4; do
+for blocks in 2 3 4; do
   step "tests_migrate$blocks" 40 env KVTIER_CUDA_MIGRATE=$blocks bundle/kvtier_gpu_tests \
     --gtest_filter='CudaParityTest.EveryPalette*:CudaStressTest.Tiny*'
 done

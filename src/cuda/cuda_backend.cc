@@ -98,6 +98,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create() {
 CudaBackend::CudaBackend(const DriverApi* api, int device) : api_(api), device_(device) {}
 
 absl::Status CudaBackend::Init() {
+  // KVTIER_CUDA_MIGRATE=auto|2|3|4: blocks per SM of the Requantize kernel (default auto:
+  // chosen per destination format, kernels/migrate_occupancy.h), for benchmarks and tests.
+  if (const char* form = std::getenv("KVTIER_CUDA_MIGRATE");
+      form != nullptr && !gpu::ParseRequantizeVariant(form, &variant_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KVTIER_CUDA_MIGRATE=", form,
+                     ": expected auto, 2, 3 or 4 (blocks per SM of the migration kernel)"));
+  }
   KVTIER_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
   CUmemAllocationProp prop = {};
@@ -135,12 +143,6 @@ absl::Status CudaBackend::Init() {
     }
   });
   fast_ = g_check.passed;
-  // KVTIER_CUDA_MIGRATE=2|3|4: blocks per SM of the Requantize kernel for 16-bit sources
-  // (data_plane.cuh's RequantizeVariant), for benchmarks and tests.
-  if (const char* form = std::getenv("KVTIER_CUDA_MIGRATE"); form != nullptr) {
-    if (std::strcmp(form, "2") == 0) variant_ = gpu::RequantizeVariant::kTwoBlocksPerSm;
-    if (std::strcmp(form, "4") == 0) variant_ = gpu::RequantizeVariant::kFourBlocksPerSm;
-  }
   KVTIER_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }

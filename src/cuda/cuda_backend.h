@@ -64,7 +64,8 @@ class CudaBackend final : public Backend {
   static constexpr int kMaxFreeHandles = 8;
 
   // Unavailable when there is no driver or device; FailedPrecondition when the device is not
-  // sm_90 or lacks virtual-memory management.
+  // sm_90 or lacks virtual-memory management; InvalidArgument when KVTIER_CUDA_MIGRATE is set
+  // to anything but auto, 2, 3 or 4.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create();
   ~CudaBackend() override;
 
@@ -160,7 +161,7 @@ class CudaBackend final : public Backend {
   const int device_;
   int num_sms_ = 0;
   bool fast_ = false;
-  gpu::RequantizeVariant variant_ = gpu::RequantizeVariant::kThreeBlocksPerSm;
+  gpu::RequantizeVariant variant_ = gpu::RequantizeVariant::kAuto;
   size_t granularity_ = 0;
   cudaStream_t stream_ = nullptr;
   absl::Status sticky_;  // an error found where it could not be returned

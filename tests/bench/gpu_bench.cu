@@ -31,6 +31,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -144,7 +145,7 @@ double CopyRoof(cudaStream_t stream, std::vector<Result>* out) {
 // order, as a cache's would be) and times the single launch.
 Result Migration(cudaStream_t stream, const char* from, const char* to, bool fast,
                  const char* name,
-                 gpu::RequantizeVariant variant = gpu::RequantizeVariant::kThreeBlocksPerSm) {
+                 gpu::RequantizeVariant variant = gpu::RequantizeVariant::kAuto) {
   constexpr int kLayers = 32, kHeads = 8, kDim = 128, kTokens = 16, kBlocks = 1024;
   const PageLayout src = MakePageLayout(kHeads, kTokens, kDim, ParseFormat(from).value());
   const PageLayout dst = MakePageLayout(kHeads, kTokens, kDim, ParseFormat(to).value());
@@ -629,15 +630,19 @@ void RunDataPlane(cudaStream_t stream, CudaBackend* backend, std::vector<Result>
                                   "fp16_to_nvfp4_channel_k_nvfp4_v"));
   migrations->push_back(Migration(stream, "fp8_e4m3/block_head", "nvfp4/block_head", true,
                                   "fp8_e4m3_block_head_to_nvfp4_block_head"));
+  // The default occupancies above are the automatic ones (migrate_occupancy.h); each forced.
   for (const auto& [variant, suffix] :
        {std::pair{gpu::RequantizeVariant::kTwoBlocksPerSm, "_2_blocks_per_sm"},
+        std::pair{gpu::RequantizeVariant::kThreeBlocksPerSm, "_3_blocks_per_sm"},
         std::pair{gpu::RequantizeVariant::kFourBlocksPerSm, "_4_blocks_per_sm"}}) {
-    migrations->push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", true,
-                                    (std::string("fp16_to_fp8_e4m3_block_head") + suffix).c_str(),
-                                    variant));
-    migrations->push_back(Migration(stream, "fp16", "nvfp4/block_head", true,
-                                    (std::string("fp16_to_nvfp4_block_head") + suffix).c_str(),
-                                    variant));
+    for (const auto& [from, to, name] :
+         {std::tuple{"fp16", "fp8_e4m3/block_head", "fp16_to_fp8_e4m3_block_head"},
+          std::tuple{"fp16", "nvfp4/block_head", "fp16_to_nvfp4_block_head"},
+          std::tuple{"fp8_e4m3/block_head", "nvfp4/block_head",
+                     "fp8_e4m3_block_head_to_nvfp4_block_head"}}) {
+      migrations->push_back(
+          Migration(stream, from, to, true, (std::string(name) + suffix).c_str(), variant));
+    }
   }
   migrations->push_back(Migration(stream, "fp16", "fp8_e4m3/block_head", false,
                                   "fp16_to_fp8_e4m3_block_head_codec_only"));
