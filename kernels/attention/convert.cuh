@@ -47,6 +47,15 @@ __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t w, uint32_t& lo, uint32_
   }
 }
 
+// The bits of a where kMask is set and of b elsewhere, in one LOP3 (the compiler splits the
+// expression into two when the mask is an immediate).
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t BitSelect(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xE2;\n" : "=r"(d) : "r"(a), "n"(kMask), "r"(b));
+  return d;
+}
+
 // The eight E2M1 codes of w as four FP16 pairs scaled by 2^-14: pair p holds nibbles p and
 // p + 4. Each code's sign goes to bit 15 and its three magnitude bits to bits 11..9 (exponent
 // LSBs and mantissa MSB), which is exactly the E2M1 value times 2^-14, subnormal codes included.
@@ -56,8 +65,8 @@ __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t w, uint32_t& lo, uint32_
 __device__ __forceinline__ void E2M1x8Scaled(uint32_t w, uint32_t h[4]) {
   constexpr uint32_t kPair = 0x8E008E00u;  // sign and magnitude bits of both halves
   const uint32_t w3 = w << 3;
-  const uint32_t even = (w & 0x07070707u) | (w3 & ~0x07070707u);
-  const uint32_t odd = (w & 0x70707070u) | (w3 & ~0x70707070u);
+  const uint32_t even = BitSelect<0x07070707u>(w, w3);
+  const uint32_t odd = BitSelect<0x70707070u>(w, w3);
   h[0] = (even << 9) & kPair;
   h[1] = (odd << 5) & kPair;
   h[2] = (even << 1) & kPair;
