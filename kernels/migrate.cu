@@ -145,6 +145,15 @@ __device__ __forceinline__ uint32_t PackE2M1x8(const float* x, float m, uint32_t
   return m > 0.f ? w : 0u;
 }
 
+// PageLayout::MicroOffset of micro-blocks along head_dim, without its switch on the axis and in
+// unsigned arithmetic (d0 is a multiple of 16): fewer instructions per 16 values.
+__device__ __forceinline__ uint32_t RowMicroOffset(const PageLayout& l, const CodecLayout& c,
+                                                   int head, int token, int d0) {
+  const uint32_t row = static_cast<uint32_t>(head) * static_cast<uint32_t>(l.tokens) + token;
+  return c.micro_offset + row * (static_cast<uint32_t>(l.head_dim) / kMicroBlock) +
+         static_cast<uint32_t>(d0) / kMicroBlock;
+}
+
 // One NVFP4 micro-block along head_dim whose amax is `micro_amax`; signs[h]: the sign bits of
 // x[8h..8h+7] (see PackE2M1x8).
 // With a normal micro-scale (code >= 8: sf within 1/16 of t = S_enc a / 6, and at most 448
@@ -157,7 +166,7 @@ __device__ __forceinline__ void StoreNvfp4Group(const PageLayout& dl, const Tile
                                                 float s_enc, const uint32_t signs[2]) {
   float m;
   const uint8_t sf = MicroScale<kFast>(s_enc, micro_amax, &m);
-  t.dst[dl.MicroOffset(Side(dl, t), t.head, token, d0)] = sf;
+  t.dst[RowMicroOffset(dl, Side(dl, t), t.head, token, d0)] = sf;
   uint2 q;
   if (!kFast || sf < 8) {
     q = make_uint2(PackE2M1x8<kFast>(x, m, signs[0]), PackE2M1x8<kFast>(x + 8, m, signs[1]));
