@@ -26,6 +26,10 @@ void BindAdapters(CacheClass& cache, py::module_& m);
 // LSE base conversions (attention_bindings.cc).
 void BindAttention(CacheClass& cache, py::module_& m);
 
+// PreparedAppend; Cache: prepare_append and write_kv_layers, every layer's K/V of a step in one
+// call (append_bindings.cc).
+void BindAppend(CacheClass& cache, py::module_& m);
+
 }  // namespace kvtier::python
 
 #endif  // KVTIER_ADAPTERS_PYTHON_BINDINGS_H_

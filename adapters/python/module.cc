@@ -1,6 +1,7 @@
 // The Python module `kvtier` (pybind11): a cache, its sequences and data, page tables, the
 // adapters' tables as numpy arrays, pool views as DLPack tensors (no copy), stats, and kvtier's
-// decode attention with the CPU reference. Errors become exceptions carrying the Status message:
+// decode attention with the CPU reference, and every layer's K/V of a step in one call (the
+// prepared append). Errors become exceptions carrying the Status message:
 // ValueError (InvalidArgument), KeyError (NotFound), MemoryError (ResourceExhausted),
 // RuntimeError (anything else). See docs/adapters.md.
 //
@@ -17,4 +18,5 @@ PYBIND11_MODULE(kvtier, m) {
   BindCache(cache);
   BindAdapters(cache, m);
   BindAttention(cache, m);
+  BindAppend(cache, m);
 }

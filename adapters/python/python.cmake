@@ -22,6 +22,7 @@ if(KVTIER_BUILD_PYTHON)
   endif()
   pybind11_add_module(kvtier_py
     adapters/python/adapter_bindings.cc
+    adapters/python/append_bindings.cc
     adapters/python/attention_bindings.cc
     adapters/python/cache_bindings.cc
     adapters/python/dlpack.cc

@@ -29,15 +29,43 @@ KVSource::KVSource(const py::object& obj, BackendKind backend) {
   array_ = a;
 }
 
-KVInput MakeInput(const KVSource& k, const KVSource& v, const Geometry& g) {
+namespace {
+
+// Raises ValueError unless K and V have one dtype and one shape: `lead` (the names of the
+// dimensions before the last two) then [num_kv_heads, head_dim].
+void CheckKV(const KVSource& k, const KVSource& v, const Geometry& g,
+             const std::vector<std::string>& lead) {
   const std::vector<int64_t>& s = k.shape();
-  if (s.size() != 3 || s != v.shape() || s[1] != g.num_kv_heads || s[2] != g.head_dim ||
+  const size_t n = lead.size();
+  if (s.size() != n + 2 || s != v.shape() || s[n] != g.num_kv_heads || s[n + 1] != g.head_dim ||
       k.dtype() != v.dtype()) {
-    throw py::value_error("K and V must have the same dtype and shape [tokens, num_kv_heads (" +
-                          std::to_string(g.num_kv_heads) + "), head_dim (" +
+    std::string dims;
+    for (const std::string& d : lead) dims += d + ", ";
+    throw py::value_error("K and V must have the same dtype and shape [" + dims +
+                          "num_kv_heads (" + std::to_string(g.num_kv_heads) + "), head_dim (" +
                           std::to_string(g.head_dim) + ")]");
   }
-  return KVInput{k.dtype(), k.data(), v.data(), s[0], g.num_kv_heads, g.head_dim};
+}
+
+}  // namespace
+
+KVInput MakeInput(const KVSource& k, const KVSource& v, const Geometry& g) {
+  CheckKV(k, v, g, {"tokens"});
+  return KVInput{k.dtype(), k.data(), v.data(), k.shape()[0], g.num_kv_heads, g.head_dim};
+}
+
+std::vector<KVInput> StackedInputs(const KVSource& k, const KVSource& v, const Geometry& g) {
+  CheckKV(k, v, g, {"layers", "tokens"});
+  const int64_t tokens = k.shape()[1];
+  const size_t layer_bytes = static_cast<size_t>(tokens) * g.num_kv_heads * g.head_dim * 2;
+  std::vector<KVInput> out;
+  for (int64_t l = 0; l < k.shape()[0]; ++l) {
+    const size_t at = static_cast<size_t>(l) * layer_bytes;
+    out.push_back(KVInput{k.dtype(), static_cast<const uint8_t*>(k.data()) + at,
+                          static_cast<const uint8_t*>(v.data()) + at, tokens, g.num_kv_heads,
+                          g.head_dim});
+  }
+  return out;
 }
 
 FloatTensor::FloatTensor(const py::object& obj, BackendKind backend,

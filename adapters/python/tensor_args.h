@@ -42,6 +42,11 @@ class KVSource {
 // head_dim] of one dtype.
 KVInput MakeInput(const KVSource& k, const KVSource& v, const Geometry& g);
 
+// Every layer's K and V from stacked tensors [layers, tokens, num_kv_heads, head_dim]: layer l's
+// input points at its rows in k and v, no copy (both are C-contiguous and 16-bit). Raises
+// ValueError unless both have that shape and one dtype.
+std::vector<KVInput> StackedInputs(const KVSource& k, const KVSource& v, const Geometry& g);
+
 // A float32 tensor handed to a kernel in place: a numpy array (host memory, CPU backend) or any
 // object with __dlpack__ (host or CUDA memory, matching `backend`). Must be C-contiguous float32
 // of `shape`; nothing is converted or copied, so outputs are written where the caller sees them.

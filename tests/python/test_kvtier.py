@@ -143,17 +143,8 @@ def test_host_tier_offloads_and_a_prefix_hit_brings_blocks_back():
         kvtier.Cache(num_kv_heads=H, head_dim=D, host_tier_bytes=1)
 
 
-def test_write_kv_through_dlpack():
-    class Producer:  # any object with __dlpack__, here backed by numpy
-        def __init__(self, a):
-            self.a = a
-
-        def __dlpack__(self, stream=None):
-            return self.a.__dlpack__()
-
-        def __dlpack_device__(self):
-            return self.a.__dlpack_device__()
-
+def test_write_kv_through_dlpack(dlpack_producer):
+    Producer = dlpack_producer
     cache = make_cache()
     seq, _ = cache.add_sequence()
     slots = cache.append(seq, 5)
