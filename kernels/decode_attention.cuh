@@ -52,6 +52,11 @@ struct PagedDecodeParams {
   int32_t num_kv_heads = 0;
   float softmax_scale = 0.f;
   const float* q = nullptr;  // device [batch, num_q_heads, kDecodeHeadDim]
+  // Keys stored rotated (Options::key_rotation): each block rotates its group's queries by its
+  // KV head's R_h (kernels/rotate_row.cuh, bit-identical to LaunchRotateRows) as it loads them,
+  // so that a rotated call costs no kernel of its own. Default: queries used as given.
+  bool rotate_queries = false;
+  uint64_t key_rotation_seed = 0;
   float* out = nullptr;      // device [batch, num_q_heads, kDecodeHeadDim]
   // device [batch, num_q_heads], natural log; -inf for an empty sequence, NaN (with a NaN output)
   // for a head with a NaN or +inf logit, as the CPU reference.

@@ -12,6 +12,7 @@
 #include "kernels/attention/mma.cuh"
 #include "kernels/attention/side_kind.cuh"
 #include "kernels/decode_attention.cuh"
+#include "kernels/rotate_row.cuh"
 
 namespace kvtier::gpu::attention {
 
@@ -84,11 +85,22 @@ struct StagedPage {
 
 // Q^T fragments (the B operand of S^T = K Q^T) in the canonical K order: k-step j pairs with
 // K pairs 2j and 2j + 1, which hold dims 32c + 8m + q (+4), m = j / 2, q = 2 (j % 2) (+1).
+// With p.rotate_queries the group's rows are rotated first, into `smem` (the block's shared
+// memory, free again on return). Every thread of the block calls it.
 template <int kTiles>
 __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const DecodeBlock& k,
-                                          uint32_t (&qb)[kTiles][8][2]) {
+                                          uint8_t* smem, uint32_t (&qb)[kTiles][8][2]) {
   constexpr int kD = kDecodeHeadDim;
   const float* q0 = p.q + (static_cast<int64_t>(k.b) * p.num_q_heads + k.kv_head * k.group) * kD;
+  if (p.rotate_queries) {
+    float* rows = reinterpret_cast<float*>(smem);
+    float* scratch = rows + k.group * kD;
+    for (int r = 0; r < k.group; ++r) {
+      RotateRowInBlock(scratch, kD, p.key_rotation_seed, k.kv_head,
+                       [&](int d) { return q0[r * kD + d]; }, rows + r * kD);
+    }
+    q0 = rows;
+  }
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
     const int row = k.g + 8 * t;
@@ -100,6 +112,7 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const Deco
       qb[t][j][1] = row < k.group ? PackHalf2(qr[d + 1], qr[d + 5]) : 0u;
     }
   }
+  if (p.rotate_queries) __syncthreads();  // the staging ring reuses the rows' memory
 }
 
 // QK of one side kind: quarter m of K's rows (pairs 4m..4m+3) feeds k-steps 2m (into s) and

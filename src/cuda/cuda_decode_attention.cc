@@ -82,11 +82,11 @@ absl::Status CheckFusedCall(const PagedLayer& kv, const TableExtent& extent,
   return absl::OkStatus();
 }
 
-// The queries the kernels read: as given, or for a cache with rotated keys (stored as R_h k)
-// R_h q in a buffer of `buffers` (kernels/rotate.cu).
-absl::StatusOr<const float*> QueriesToAttend(const PagedLayer& kv, const DecodeQueries& queries,
-                                             cudaStream_t stream, StreamBuffers* buffers) {
-  if (!kv.rotate_keys) return queries.q.data();
+// The queries the kernels read, for a cache with rotated keys (stored as R_h k) when the logits
+// kernel is launched too: R_h q in a buffer of `buffers` (kernels/rotate.cu). (Without logits
+// the fused kernel rotates the queries as it loads them: PagedDecodeParams::rotate_queries.)
+absl::StatusOr<const float*> RotatedQueries(const PagedLayer& kv, const DecodeQueries& queries,
+                                            cudaStream_t stream, StreamBuffers* buffers) {
   KVTIER_ASSIGN_OR_RETURN(float* rotated, buffers->Allocate<float>(queries.q.size()));
   gpu::RotateRowsParams r;
   r.in = queries.q.data();
@@ -149,7 +149,13 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
   p.packed = tables.packed();
   p.seq_lens = tables.seq_lens();
   p.softmax_scale = queries.softmax_scale;
-  KVTIER_ASSIGN_OR_RETURN(p.q, QueriesToAttend(kv, queries, stream, &buffers));
+  p.q = queries.q.data();
+  if (kv.rotate_keys && outputs.logits.empty()) {
+    p.rotate_queries = true;
+    p.key_rotation_seed = kv.key_rotation_seed;
+  } else if (kv.rotate_keys) {
+    KVTIER_ASSIGN_OR_RETURN(p.q, RotatedQueries(kv, queries, stream, &buffers));
+  }
   p.out = outputs.out.data();
   p.lse = outputs.lse.data();
   p.num_splits = split.num_splits;

@@ -476,10 +476,10 @@ int BalancedFormat(int64_t page, int64_t pages) {
 }
 
 // How a decode row runs: as a cache with rotated keys (Options::key_rotation) runs it, the
-// queries first rotated by LaunchRotateRows as CudaDecodeAttention does; and with page weights
-// (PagedDecodeParams::page_weight: the page LSEs, then the weights kernel). The library also
-// takes the rotated queries' and the page LSEs' buffers from the stream-ordered allocator per
-// call; that host work is not timed here.
+// kernel rotating the queries as it loads them (PagedDecodeParams::rotate_queries), as
+// CudaDecodeAttention does; and with page weights (PagedDecodeParams::page_weight: the page
+// LSEs, then the weights kernel). The library also takes the page LSEs' buffer from the
+// stream-ordered allocator per call; that host work is not timed here.
 struct DecodeVariant {
   const char* suffix;  // of the row's name
   bool rotated;
@@ -490,22 +490,10 @@ constexpr DecodeVariant kPlain = {"", false, false};
 // Median milliseconds of the variant of launch p (prepared by Decode; `entries` packed pages).
 double TimeDecode(cudaStream_t stream, gpu::PagedDecodeParams p, const DecodeVariant& v,
                   int64_t entries, int runs) {
-  constexpr int kQHeads = 32, kD = 128;
-  const int64_t rows = static_cast<int64_t>(p.batch) * kQHeads;
-  void *d_rotated = nullptr, *d_page_lse = nullptr, *d_weight = nullptr;
-  gpu::RotateRowsParams r;
-  if (v.rotated) {
-    CHECK_CUDA(cudaMalloc(&d_rotated, rows * kD * 4));
-    r.in = p.q;
-    r.in_type = gpu::RotateInput::kFp32;
-    r.out = static_cast<float*>(d_rotated);
-    r.num_rows = rows;
-    r.head_dim = kD;
-    r.heads = kQHeads;
-    r.group = kQHeads / p.num_kv_heads;
-    r.seed = 0x5EED;
-    p.q = r.out;
-  }
+  constexpr int kQHeads = 32;
+  void *d_page_lse = nullptr, *d_weight = nullptr;
+  p.rotate_queries = v.rotated;
+  p.key_rotation_seed = 0x5EED;
   if (v.page_weight) {
     CHECK_CUDA(cudaMalloc(&d_page_lse, gpu::PageLseFloats(entries, kQHeads) * 4));
     CHECK_CUDA(cudaMalloc(&d_weight, entries * 4));
@@ -514,11 +502,9 @@ double TimeDecode(cudaStream_t stream, gpu::PagedDecodeParams p, const DecodeVar
     p.page_weight = static_cast<float*>(d_weight);  // max-accumulated over the runs, as layers
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
-  const double ms = MedianMs(stream, 3, runs, 1, [&] {
-    if (v.rotated) CHECK_CUDA(gpu::LaunchRotateRows(r, stream));
-    CHECK_CUDA(gpu::LaunchPagedDecode(p, stream));
-  });
-  for (void* ptr : {d_rotated, d_page_lse, d_weight}) CHECK_CUDA(cudaFree(ptr));
+  const double ms =
+      MedianMs(stream, 3, runs, 1, [&] { CHECK_CUDA(gpu::LaunchPagedDecode(p, stream)); });
+  for (void* ptr : {d_page_lse, d_weight}) CHECK_CUDA(cudaFree(ptr));
   return ms;
 }
 
