@@ -108,16 +108,14 @@ __device__ __forceinline__ void KeyQuad(const RawKeys<kKind>& r, int n, int m, u
 }
 
 // V of tokens (2c, 2c+1) and (2c+8, 2c+9), dims 16g..16g+15, of a staged side, as loaded: the
-// codes of each token (FP8 4 words, NVFP4 2) and the NVFP4 micro-scale codes, which ValueQuad
-// decodes a quarter at a time; FP16 rows are read a quarter at a time (as RawKeys). kMasked
-// (FP16 only): tokens at or past `valid` read as zeros.
+// codes of each token (FP16 8 words, FP8 4, NVFP4 2) and the NVFP4 micro-scale codes, which
+// ValueQuad decodes a quarter at a time. (FP16 rows are loaded whole, in 16-byte loads: read a
+// quarter at a time, in 8-byte loads, they made FP16 decode 4% slower.) kMasked (FP16 only):
+// tokens at or past `valid` read as zeros.
 template <uint32_t kKind>
 struct RawValues {
-  static constexpr bool kByQuarter = kKind == kFp16Side;
-  static constexpr int kWords = kByQuarter ? 1 : kKind <= kE5M2Side ? 4 : 2;
+  static constexpr int kWords = kKind == kFp16Side ? 8 : kKind <= kE5M2Side ? 4 : 2;
   uint32_t a[2][kWords], b[2][kWords];  // [token pair j]: tokens 2c + 8j and 2c + 8j + 1
-  const uint8_t* ra[2];                 // FP16 only: token 2c + 8j's row, then token + 1's
-  uint32_t keep_a[2], keep_b[2];        // FP16 only: all ones, or zero past `valid`
   uint32_t micro[2][kKind == kNvfp4TokenSide ? 4 : 1];
 };
 
@@ -134,11 +132,7 @@ __device__ __forceinline__ RawValues<kKind> LoadValues(const uint8_t* side, int 
     const int t0 = 2 * c + 8 * j;
     const uint8_t* ra = side + t0 * kRow + (kRow / 8) * g;
     const uint8_t* rb = ra + kRow;
-    if constexpr (RawValues<kKind>::kByQuarter) {
-      r.ra[j] = ra;
-      r.keep_a[j] = !kMasked || t0 < valid ? ~0u : 0u;
-      r.keep_b[j] = !kMasked || t0 + 1 < valid ? ~0u : 0u;
-    } else if constexpr (kWords == 2) {
+    if constexpr (kWords == 2) {
       const uint2 a = *reinterpret_cast<const uint2*>(ra);
       const uint2 b = *reinterpret_cast<const uint2*>(rb);
       r.a[j][0] = a.x, r.a[j][1] = a.y, r.b[j][0] = b.x, r.b[j][1] = b.y;
@@ -150,6 +144,11 @@ __device__ __forceinline__ RawValues<kKind> LoadValues(const uint8_t* side, int 
 #pragma unroll
         for (int u = 0; u < 4; ++u) r.a[j][4 * i + u] = wa[u], r.b[j][4 * i + u] = wb[u];
       }
+    }
+    if constexpr (kMasked) {
+      const uint32_t keep_a = t0 < valid ? ~0u : 0u, keep_b = t0 + 1 < valid ? ~0u : 0u;
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) r.a[j][w] &= keep_a, r.b[j][w] &= keep_b;
     }
     if constexpr (kKind == kNvfp4DimSide) {
       r.micro[j][0] = micro[8 * t0 + g] | (static_cast<uint32_t>(micro[8 * t0 + 8 + g]) << 8);
@@ -167,15 +166,10 @@ __device__ __forceinline__ RawValues<kKind> LoadValues(const uint8_t* side, int 
 template <uint32_t kKind>
 __device__ __forceinline__ void ValueQuad(const RawValues<kKind>& r, int j, int i, uint32_t v[4]) {
   if constexpr (kKind == kFp16Side) {
-    constexpr uint32_t kRow = RowBytes(kFp16Side);
-    const uint2 a = *reinterpret_cast<const uint2*>(r.ra[j] + 8 * i);
-    const uint2 b = *reinterpret_cast<const uint2*>(r.ra[j] + kRow + 8 * i);
-    const uint32_t wa[2] = {a.x & r.keep_a[j], a.y & r.keep_a[j]};
-    const uint32_t wb[2] = {b.x & r.keep_b[j], b.y & r.keep_b[j]};
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      v[2 * w] = Prmt(wa[w], wb[w], 0x5410);
-      v[2 * w + 1] = Prmt(wa[w], wb[w], 0x7632);
+    for (int w = 0; w < 2; ++w) {  // word 2i + w holds dims 4i + 2w, 4i + 2w + 1
+      v[2 * w] = Prmt(r.a[j][2 * i + w], r.b[j][2 * i + w], 0x5410);
+      v[2 * w + 1] = Prmt(r.a[j][2 * i + w], r.b[j][2 * i + w], 0x7632);
     }
   } else if constexpr (kKind == kE4M3Side || kKind == kE5M2Side) {
     const uint32_t lo = Prmt(r.a[j][i], r.b[j][i], 0x5140);  // dims 4i, 4i + 1
