@@ -109,9 +109,9 @@ __device__ __forceinline__ void KeyQuad(const RawKeys<kKind>& r, int n, int m, u
 
 // V of tokens (2c, 2c+1) and (2c+8, 2c+9), dims 16g..16g+15, of a staged side, as loaded: the
 // codes of each token (FP16 8 words, FP8 4, NVFP4 2) and the NVFP4 micro-scale codes, which
-// ValueQuad decodes a quarter at a time. (FP16 rows are loaded whole, in 16-byte loads: read a
-// quarter at a time, in 8-byte loads, they made FP16 decode 4% slower.) kMasked (FP16 only):
-// tokens at or past `valid` read as zeros.
+// ValueQuad decodes a quarter at a time. FP16 rows are loaded whole, in 16-byte loads (a
+// quarter at a time they would take twice the loads, of 8 bytes). kMasked (FP16 only): tokens
+// at or past `valid` read as zeros.
 template <uint32_t kKind>
 struct RawValues {
   static constexpr int kWords = kKind == kFp16Side ? 8 : kKind <= kE5M2Side ? 4 : 2;
