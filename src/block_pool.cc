@@ -241,7 +241,9 @@ void BlockPool::MoveToPage(uint32_t block, int format, uint32_t page) {
   }
   b.format = static_cast<uint8_t>(format);
   b.page = page;
-  if (events_ != nullptr && b.indexed && format != old_format) events_->FormatChanged(Medium::kDevice, b.hash, format);
+  if (events_ != nullptr && b.indexed && format != old_format) {
+    events_->FormatChanged(Medium::kDevice, b.hash, format);
+  }
 }
 
 std::vector<IndexedBlock> BlockPool::IndexedBlocks() const {

@@ -10,7 +10,6 @@
 //
 // Safe at EndStep for the same reason as demotion: page tables and slots are never held across a
 // step, and the old pages are retired behind the step's fence.
-#include <algorithm>
 #include <vector>
 
 #include "src/cache_impl.h"

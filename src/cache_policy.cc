@@ -173,7 +173,9 @@ void CacheImpl::DrainDemoteQueue(int format) {
       drop_stale(done);  // queued blocks that were cached may have gone
     }
     const size_t chunk = std::min<uint64_t>(queue.size() - done, pages_->RoomFor(format));
-    if (chunk == 0 || !DemoteLocked(absl::MakeConstSpan(queue).subspan(done, chunk), format).ok()) break;
+    if (chunk == 0 || !DemoteLocked(absl::MakeConstSpan(queue).subspan(done, chunk), format).ok()) {
+      break;
+    }
     done += chunk;
   }
   queue.erase(queue.begin(), queue.begin() + done);

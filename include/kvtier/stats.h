@@ -121,7 +121,7 @@ struct CacheStats {
   std::string policy;                 // name of the policy in force, empty for none
   bool under_pressure = false;        // the policy's windows are shrunk
   int64_t demotions_under_pressure = 0;  // blocks demoted while under pressure
-  int64_t compacted_pages = 0;  // pages moved within their format so that a slab could return (EndStep)
+  int64_t compacted_pages = 0;  // pages moved within their format so a slab could return (EndStep)
   int64_t policy_demotion_failures = 0;  // planned demotions that found no room (retried later)
   HistogramStats migration_seconds;       // wall time of each demotion batch on the host
   HistogramStats block_lifetime_seconds;  // allocation to free, for freed blocks

@@ -25,7 +25,7 @@ __device__ __forceinline__ uint4 Load16(const uint8_t* p) {
 // per row, NVFP4 4) and the NVFP4 micro-scale codes, which KeyQuad decodes a quarter at a time
 // so that a quarter's products start while the next is decoded and only a quarter's FP16
 // pairs are live at once. FP16 rows, as large as their pairs, are read a quarter at a time
-// (from `row`), which keeps the kernel within the registers of 5 blocks per multiprocessor.
+// (from `row`): the same 16-byte loads as a whole row, with only a quarter's words live.
 template <uint32_t kKind>
 struct RawKeys {
   static constexpr bool kByQuarter = kKind == kFp16Side;
