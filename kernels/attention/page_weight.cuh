@@ -1,9 +1,11 @@
 // The page weights of kvtier's decode kernel (PagedDecodeParams::page_weight, docs/attention.md),
 // in two steps: while it attends a page, each warp of PagedDecodeKernel stores the log-sum-exp
-// of the page's logits for each query head of its group (StorePageLse); once every head's LSE is
-// final (after the split merge), LaunchPageWeights turns them into exp(page LSE - LSE) and keeps
-// each page's largest over its heads. The split-KV blocks never see a head's final LSE, hence
-// the page LSEs in between.
+// of the page's logits for each query head of its group (StorePageLse); once a head's LSE is
+// final, the page's weight for it is exp(page LSE - LSE), and each page keeps its largest over
+// the heads (MaxInto). Where the LSE becomes final does that second step: the attention kernel's
+// epilogue for a launch that is not split (StorePageWeights: the block attended every page of
+// its KV head), the split merge's kernel, row by row, for a split one (page_weight.cu). So no
+// launch of its own: at batch 1 a kernel more in the step cost more than the work.
 //
 // The page LSEs (log2 units) of a sequence lie KV head by KV head, page by page, each page's
 // query heads side by side (PageLseIndex): the pages a block attends are one range that only its
@@ -31,12 +33,13 @@ __device__ __forceinline__ float Log2(float x) {
   return y;
 }
 
-// The index in page_lse of query head h of KV head kv_head's group at page `page` of a sequence
-// whose packed entries start at `first_entry` and number `pages`.
-__device__ __forceinline__ int64_t PageLseIndex(const PagedDecodeParams& p, int64_t first_entry,
-                                                int pages, int kv_head, int page, int h) {
-  const int group = p.num_q_heads / p.num_kv_heads;
-  return first_entry * p.num_q_heads + (static_cast<int64_t>(kv_head) * pages + page) * group + h;
+// The index in page_lse of query head h of KV head kv_head's group (`group` heads of
+// num_q_heads) at page `page` of a sequence whose packed entries start at `first_entry` and
+// number `pages`.
+__host__ __device__ __forceinline__ int64_t PageLseIndex(int num_q_heads, int group,
+                                                         int64_t first_entry, int pages,
+                                                         int kv_head, int page, int h) {
+  return first_entry * num_q_heads + (static_cast<int64_t>(kv_head) * pages + page) * group + h;
 }
 
 // Where a warp's page LSEs go: lane (g, c) ends StorePageLse with the sum of query head
@@ -49,7 +52,8 @@ struct PageLseStore {
 __device__ __forceinline__ PageLseStore PageLseStoreOf(const PagedDecodeParams& p,
                                                        const DecodeBlock& k, int first_page) {
   const int head = 2 * k.c + (k.g >= 4 ? 1 : 0);
-  return {p.page_lse + PageLseIndex(p, k.first_entry, k.pages, k.kv_head, first_page, head),
+  return {p.page_lse + PageLseIndex(p.num_q_heads, k.group, k.first_entry, k.pages, k.kv_head,
+                                    first_page, head),
           kWarps * k.group};
 }
 
@@ -79,12 +83,40 @@ __device__ __forceinline__ void StorePageLse(PageLseStore& out, const DecodeBloc
   out.next += out.stride;
 }
 
+// Max-accumulates weight w (at most 1: rounding may exceed it for a page that holds all the
+// weight) into *page_weight, by atomicMax on the bits (non-negative floats order as integers).
+__device__ __forceinline__ void MaxInto(float* page_weight, float w) {
+  w = fminf(w, 1.f);
+  if (w > 0.f) atomicMax(reinterpret_cast<int*>(page_weight), __float_as_int(w));
+}
+
+// The epilogue of a launch that is not split: thread t takes the block's pages t, t + kThreads,
+// ... and max-accumulates each page's largest weight over the group's heads whose LSE is finite
+// (NaN, or -inf: nothing attended, adds nothing). row_lse2: the heads' final LSEs, log2 units.
+// REQUIRES: every page LSE of the block stored, and the block synchronized since.
+__device__ __forceinline__ void StorePageWeights(const PagedDecodeParams& p, const DecodeBlock& k,
+                                                 const float* row_lse2) {
+  const float* page_lse =
+      p.page_lse + PageLseIndex(p.num_q_heads, k.group, k.first_entry, k.pages, k.kv_head, 0, 0);
+#pragma unroll 4
+  for (int page = k.page_begin + static_cast<int>(threadIdx.x); page < k.page_end;
+       page += kThreads) {
+    float most = 0.f;
+    for (int h = 0; h < k.group; ++h) {
+      const float l = row_lse2[h];
+      if (isfinite(l)) most = fmaxf(most, exp2f(page_lse[page * k.group + h] - l));
+    }
+    MaxInto(p.page_weight + k.first_entry + page, most);
+  }
+}
+
 }  // namespace attention
 
-// Enqueues the kernel that turns p.page_lse and the final p.lse into p.page_weight (max-
-// accumulated). REQUIRES: p.page_weight and p.page_lse set; num_splits * pages_per_split is at
-// least every sequence's page count.
-cudaError_t LaunchPageWeights(const PagedDecodeParams& p, cudaStream_t stream);
+// Enqueues the merge of a split launch's partial states m (LaunchMergeStates) that also max-
+// accumulates, once each row's LSE is final, its page weights into p.page_weight. REQUIRES:
+// p.page_weight and p.page_lse set; m merges p's splits.
+cudaError_t LaunchSplitMergeWithPageWeights(const MergeStatesParams& m,
+                                            const PagedDecodeParams& p, cudaStream_t stream);
 
 }  // namespace kvtier::gpu
 

@@ -478,7 +478,7 @@ int BalancedFormat(int64_t page, int64_t pages) {
 // How a decode row runs: as a cache with rotated keys (Options::key_rotation) runs it, the
 // kernel rotating the queries as it loads them (PagedDecodeParams::rotate_queries), as
 // CudaDecodeAttention does; and with page weights (PagedDecodeParams::page_weight: the page
-// LSEs, then the weights kernel). The library also takes the page LSEs' buffer from the
+// LSEs, then the weights in the kernel's epilogue or the split merge). The library also takes the page LSEs' buffer from the
 // stream-ordered allocator per call; that host work is not timed here.
 struct DecodeVariant {
   const char* suffix;  // of the row's name
