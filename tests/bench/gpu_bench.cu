@@ -479,13 +479,17 @@ int BalancedFormat(int64_t page, int64_t pages) {
 // kernel rotating the queries as it loads them (PagedDecodeParams::rotate_queries), as
 // CudaDecodeAttention does; and with page weights (PagedDecodeParams::page_weight: the page
 // LSEs, then the weights in the kernel's epilogue or the split merge). The library also takes the page LSEs' buffer from the
-// stream-ordered allocator per call; that host work is not timed here.
+// stream-ordered allocator per call; that host work is not timed here. A row times one call
+// between two events, launch latency included; `back_to_back` calls between them give the time
+// per call of a stream kept busy, as an engine's steps (the host enqueues ahead of the GPU).
 struct DecodeVariant {
   const char* suffix;  // of the row's name
   bool rotated;
   bool page_weight;
+  int back_to_back = 1;
 };
 constexpr DecodeVariant kPlain = {"", false, false};
+constexpr DecodeVariant kBackToBack = {"_back_to_back", false, false, 32};
 
 // Median milliseconds of the variant of launch p (prepared by Decode; `entries` packed pages).
 double TimeDecode(cudaStream_t stream, gpu::PagedDecodeParams p, const DecodeVariant& v,
@@ -503,7 +507,8 @@ double TimeDecode(cudaStream_t stream, gpu::PagedDecodeParams p, const DecodeVar
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
   const double ms =
-      MedianMs(stream, 3, runs, 1, [&] { CHECK_CUDA(gpu::LaunchPagedDecode(p, stream)); });
+      MedianMs(stream, 3, runs, v.back_to_back,
+               [&] { CHECK_CUDA(gpu::LaunchPagedDecode(p, stream)); });
   for (void* ptr : {d_page_lse, d_weight}) CHECK_CUDA(cudaFree(ptr));
   return ms;
 }
@@ -691,10 +696,14 @@ int Main(int argc, char** argv) {
   for (int batch : batches) {
     for (int64_t context : contexts) {
       const bool variants = (batch == 64 && context == 32768) || (batch == 1 && context == 131072);
+      const bool latency = batch == 1 && context <= 8192;  // launch-bound: also back to back
       for (const DecodeCase& dc : cases) {
         if (only && argv[3] != std::string(dc.name)) continue;
         if (!Decode(stream, prop.multiProcessorCount, dc, batch, context, size_t{48} << 30,
-                    variants ? all_variants : std::vector<DecodeVariant>{kPlain}, &decodes)) {
+                    variants  ? all_variants
+                    : latency ? std::vector<DecodeVariant>{kPlain, kBackToBack}
+                              : std::vector<DecodeVariant>{kPlain},
+                    &decodes)) {
           std::printf("skipped decode %s batch %d x %lld tokens: over 48 GiB of pages\n", dc.name,
                       batch, static_cast<long long>(context));
         }
