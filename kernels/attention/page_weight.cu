@@ -1,7 +1,6 @@
 // The page weights of a split decode launch (kernels/attention/page_weight.cuh), in the split
-// merge: once row (sequence b, query head q) has its final LSE, the merge block reads q's page
-// LSEs over b's pages, thread t pages t, t + kMergeThreads, ..., and max-accumulates each page's
-// weight for q into page_weight.
+// merge: once row (sequence b, query head q) has its final LSE, the merge block weighs b's pages
+// for q alone (WeighPages), starting at a page of its own.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -26,12 +25,11 @@ struct PageWeightTail {
     const int b = static_cast<int>(row / num_q_heads), q = static_cast<int>(row % num_q_heads);
     const int first = packed_indptr[b], pages = packed_indptr[b + 1] - first;
     const float lse2 = lse * attention::kLog2e;
-    const float* x =
-        page_lse + attention::PageLseIndex(num_q_heads, group, first, pages, q / group, 0, q % group);
-#pragma unroll 4
-    for (int page = threadIdx.x; page < pages; page += attention::kMergeThreads) {
-      attention::MaxInto(page_weight + first + page, exp2f(x[page * group] - lse2));
-    }
+    const int kv = q / group, h = q % group;
+    attention::WeighPages<attention::kMergeThreads>(
+        page_lse + attention::PageLseIndex(num_q_heads, group, first, pages, kv, 0, h), group, 1,
+        &lse2, pages, static_cast<int>(static_cast<int64_t>(q) * pages / num_q_heads),
+        page_weight + first);
   }
 };
 

@@ -90,24 +90,54 @@ __device__ __forceinline__ void MaxInto(float* page_weight, float w) {
   if (w > 0.f) atomicMax(reinterpret_cast<int*>(page_weight), __float_as_int(w));
 }
 
-// The epilogue of a launch that is not split: thread t takes the block's pages t, t + kThreads,
-// ... and max-accumulates each page's largest weight over the group's heads whose LSE is finite
-// (NaN, or -inf: nothing attended, adds nothing). row_lse2: the heads' final LSEs, log2 units.
-// REQUIRES: every page LSE of the block stored, and the block synchronized since.
+constexpr int kWeighBatch = 16;  // pages per thread whose loads are in flight together
+
+// Max-accumulates into page_weight[page] (MaxInto), for every page < pages, the largest
+// exp2(lse[page * stride + h] - head_lse2[h]) over the heads h < heads whose head_lse2 is finite
+// (NaN, or -inf: nothing attended, adds nothing). Thread t of the block's kBlockThreads takes
+// pages (start + t + n kBlockThreads) mod pages, kWeighBatch at a time, each batch's loads issued
+// before its atomics (they may alias, so the compiler would not reorder them); the blocks that
+// weigh one sequence start at different pages, so that their atomics meet on few cache lines.
+template <int kBlockThreads>
+__device__ __forceinline__ void WeighPages(const float* lse, int stride, int heads,
+                                           const float* head_lse2, int pages, int start,
+                                           float* page_weight) {
+  for (int base = threadIdx.x; base < pages; base += kWeighBatch * kBlockThreads) {
+    int page[kWeighBatch];
+    float most[kWeighBatch];
+#pragma unroll
+    for (int j = 0; j < kWeighBatch; ++j) {
+      const int i = base + j * kBlockThreads + start;
+      page[j] = i < pages ? i : i - pages;
+      most[j] = 0.f;
+    }
+    for (int h = 0; h < heads; ++h) {
+      const float l = head_lse2[h];
+      if (!isfinite(l)) continue;
+#pragma unroll
+      for (int j = 0; j < kWeighBatch; ++j) {
+        if (base + j * kBlockThreads < pages) {
+          most[j] = fmaxf(most[j], exp2f(lse[static_cast<int64_t>(page[j]) * stride + h] - l));
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kWeighBatch; ++j) {
+      if (base + j * kBlockThreads < pages) MaxInto(page_weight + page[j], most[j]);
+    }
+  }
+}
+
+// The epilogue of a launch that is not split: the block's pages (the sequence's), weighed over
+// its group's heads. row_lse2: the heads' final LSEs, log2 units. REQUIRES: every page LSE of
+// the block stored, and the block synchronized since.
 __device__ __forceinline__ void StorePageWeights(const PagedDecodeParams& p, const DecodeBlock& k,
                                                  const float* row_lse2) {
-  const float* page_lse =
-      p.page_lse + PageLseIndex(p.num_q_heads, k.group, k.first_entry, k.pages, k.kv_head, 0, 0);
-#pragma unroll 4
-  for (int page = k.page_begin + static_cast<int>(threadIdx.x); page < k.page_end;
-       page += kThreads) {
-    float most = 0.f;
-    for (int h = 0; h < k.group; ++h) {
-      const float l = row_lse2[h];
-      if (isfinite(l)) most = fmaxf(most, exp2f(page_lse[page * k.group + h] - l));
-    }
-    MaxInto(p.page_weight + k.first_entry + page, most);
-  }
+  const int pages = k.page_end - k.page_begin;
+  WeighPages<kThreads>(p.page_lse + PageLseIndex(p.num_q_heads, k.group, k.first_entry, k.pages,
+                                                 k.kv_head, k.page_begin, 0),
+                       k.group, k.group, row_lse2, pages, k.kv_head * pages / p.num_kv_heads,
+                       p.page_weight + k.first_entry + k.page_begin);
 }
 
 }  // namespace attention
