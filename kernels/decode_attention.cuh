@@ -85,7 +85,9 @@ struct PagedDecodeParams {
     uint32_t src[4]{};   // page offsets of head 0's K rows, V rows, K micro, V micro
     uint32_t scale_src[2]{};    // page offset of head 0's first K / V FP32 scale
     uint32_t scale_count[2]{};  // FP32 scales per head: 16 (per token), 1 (per block) or 0
-    float fill[2]{};  // the K / V scale when scale_count is 0 (per tensor, or 1 for FP16)
+    // The K / V scale when scale_count is 0 (per tensor, or 1 for FP16), else 0: the kernel
+    // stages 0 for a side without scales and adds fill to the staged scale.
+    float fill[2]{};
     float mul[2]{};   // the kernel's decoding leaves K / V times 1 / mul (NVFP4: 2^-7)
   };
   FormatPlan plans[kDecodeMaxFormats]{};

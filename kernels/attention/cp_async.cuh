@@ -24,14 +24,10 @@ __device__ __forceinline__ void Copy16(uint32_t dst, const uint8_t* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
-// Starts copying 4 bytes from global src to the shared-memory address dst.
-__device__ __forceinline__ void Copy4(uint32_t dst, const uint8_t* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-
-// Stores x at the shared-memory address dst.
-__device__ __forceinline__ void StoreShared(uint32_t dst, float x) {
-  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(dst), "f"(x));
+// Starts copying the first `bytes` (0 or 4) of the 4 at global src to the shared-memory address
+// dst, zero-filling the rest: with 0, dst gets 0 and src is not read.
+__device__ __forceinline__ void Copy4(uint32_t dst, const uint8_t* src, uint32_t bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
 }  // namespace kvtier::gpu::attention

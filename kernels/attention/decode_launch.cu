@@ -66,7 +66,7 @@ bool PlanStaging(PagedDecodeParams& k) {
       plan.scale_count[side] =
           !scaled ? 0 : PageScalesPerHead(CodecSpec{c.type, c.scope, c.axis}, l.tokens);
       plan.scale_src[side] = plan.scale_count[side] > 0 ? l.ScaleOffset(c, 0, 0) : 0;
-      plan.fill[side] = scaled ? tensor[side] : 1.f;
+      plan.fill[side] = plan.scale_count[side] > 0 ? 0.f : scaled ? tensor[side] : 1.f;
       plan.mul[side] = nvfp4 ? 128.f : 1.f;
       plan.kinds |= kind << (3 * side) | (plan.scale_count[side] == 16 ? 1u : 0u) << (6 + side);
     }

@@ -191,13 +191,16 @@ __device__ __forceinline__ bool ScaleLogits(const PagedDecodeParams& p, const St
                                             float (&s)[kTiles][4], float (&vs)[2]) {
   const float* scales = reinterpret_cast<const float*>(pg.page + p.scales_at);
   const int k_step = (pg.kinds >> 6) & 1, v_step = (pg.kinds >> 7) & 1;
+  // A side without scales in the page has 0 staged and its scale in fill (exact either way).
+  const float k_mul = pg.plan->mul[0] * logit_scale, k_add = pg.plan->fill[0] * k_mul;
+  const float v_mul = pg.plan->mul[1], v_add = pg.plan->fill[1] * v_mul;
   bool rescale = false;
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
     const int token = g + 8 * n;
     const bool ok = token < pg.valid;
-    const float ks = scales[token * k_step] * (pg.plan->mul[0] * logit_scale);
-    vs[n] = ok ? scales[16 + token * v_step] * pg.plan->mul[1] : 0.f;
+    const float ks = fmaf(scales[token * k_step], k_mul, k_add);
+    vs[n] = ok ? fmaf(scales[16 + token * v_step], v_mul, v_add) : 0.f;
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll

@@ -8,6 +8,7 @@
 #define KVTIER_KERNELS_ATTENTION_STAGE_PAGE_CUH_
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention/cp_async.cuh"
 #include "kernels/attention/side_kind.cuh"
@@ -23,55 +24,65 @@ namespace kvtier::gpu::attention {
 constexpr int kShallowStages = 3;
 constexpr int kDeepStages = 5;
 
-// Starts copying one side of a page's head into a staged page at shared address dst: the warp
-// copies kRows bytes of token rows from `rows`, then, for NVFP4 (kMicro), the 128 bytes of
-// micro-scales from `micro`. Lane l takes 16-byte chunks l, l + 32, ...
-template <uint32_t kRows, bool kMicro>
-__device__ __forceinline__ void StageSide(uint32_t dst, const uint8_t* rows, const uint8_t* micro,
-                                          int lane) {
-  const uint32_t to = dst + 16 * lane;
-  const uint8_t* from = rows + 16 * lane;
-#pragma unroll
-  for (uint32_t i = 0; i < kRows / 512; ++i) Copy16(to + 512 * i, from + 512 * i);
-  if (kMicro && lane < 8) Copy16(to + kRows, micro + 16 * lane);
-}
+template <uint32_t kRows>
+using Rows = std::integral_constant<uint32_t, kRows>;
 
-// Stages one side (K: 0, V: 1) of `head` of `page` at shared address dst, by the side's kind.
-__device__ __forceinline__ void StageSideOf(const PagedDecodeParams::FormatPlan& plan, int side,
-                                            uint32_t dst, const uint8_t* page, int head, int lane) {
-  const uint32_t kind = (plan.kinds >> (3 * side)) & 7;
-  const uint8_t* rows = page + plan.src[side];
-  const uint8_t* micro = page + plan.src[2 + side] + head * 128;
+// Calls f(Rows<bytes>()) with the staged bytes of the 16 token rows of a side of kind `kind`
+// (warp-uniform): 4096 (FP16), 2048 (FP8) or 1024 (NVFP4, whose 128 bytes of micro-scales
+// follow the rows).
+template <typename F>
+__device__ __forceinline__ void DispatchRows(uint32_t kind, F&& f) {
   if (kind == kFp16Side) {
-    StageSide<4096, false>(dst, rows + head * 4096, micro, lane);
+    f(Rows<4096>());
   } else if (kind <= kE5M2Side) {
-    StageSide<2048, false>(dst, rows + head * 2048, micro, lane);
+    f(Rows<2048>());
   } else {
-    StageSide<1024, true>(dst, rows + head * 1024, micro, lane);
+    f(Rows<1024>());
   }
 }
 
+// Starts copying one side of a page's head into a staged page at shared address dst: kRows
+// bytes of token rows from `rows` (lane l: 16-byte chunks l, l + 32, ...), then, for NVFP4, the
+// 128 bytes of micro-scales from `micro` (lane l: bytes 4l..4l+3, so that every lane copies and
+// no copy needs a branch).
+template <uint32_t kRows>
+__device__ __forceinline__ void StageSide(uint32_t dst, const uint8_t* rows, const uint8_t* micro,
+                                          uint32_t lane) {
+#pragma unroll
+  for (uint32_t i = 0; i < kRows / 512; ++i) Copy16(dst + 16 * lane + 512 * i, rows + 512 * i);
+  if constexpr (kRows == 1024) Copy4(dst + kRows + 4 * lane, micro, 4);
+}
+
 // Starts copying the data of `head` in the page `entry` names into the staged page at shared
-// address dst as the format's plan says, then the 16 K and 16 V scales (lanes 0-15 and 16-31;
-// a per-block scale lands in slot 0, a per-tensor one is written there).
+// address dst as the format's plan says, then the 16 K and 16 V scales (lanes 0-15 and 16-31):
+// a per-token scale in each slot, a per-block one in every slot, and 0 where the side has none
+// in the page (ScaleLogits adds FormatPlan::fill); with 0, 1 or 16 scales per head, slot &
+// (count - 1) is the slot's scale. One straight run of copies per pair of side
+// kinds, so that ptxas pads one block of cp.async, not one per side.
 __device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t entry, int head,
                                           uint32_t dst, int lane) {
   const uint32_t format = entry >> kPackedFormatShift;
   const PagedDecodeParams::FormatPlan& plan = p.plans[format];
   const uint8_t* page = p.pools[format].base + static_cast<uint64_t>(entry & kPackedPageMask) *
                                                    p.pools[format].layout.page_bytes;
-  if (!(plan.kinds & kDirectFp16)) {
-    StageSideOf(plan, 0, dst, page, head, lane);
-    StageSideOf(plan, 1, dst + plan.v_at, page, head, lane);
+  const uint32_t kinds = plan.kinds, h = head, l = lane;
+  const uint32_t side = l / 16, slot = l % 16, count = plan.scale_count[side];
+  const uint8_t* scale = page + (plan.scale_src[side] + 4 * (h * count + (slot & (count - 1))));
+  const auto stage_scale = [&] { Copy4(dst + p.scales_at + 4 * l, scale, count > 0 ? 4 : 0); };
+  if (kinds & kDirectFp16) {
+    stage_scale();
+    return;
   }
-  const int side = lane / 16, slot = lane % 16;
-  const uint32_t count = plan.scale_count[side];
-  const uint32_t scale = dst + p.scales_at + 4 * lane;
-  if (static_cast<uint32_t>(slot) < count) {
-    Copy4(scale, page + plan.scale_src[side] + 4 * (head * count + slot));
-  } else if (count == 0 && slot == 0) {
-    StoreShared(scale, plan.fill[side]);
-  }
+  DispatchRows(kinds & 7, [&](auto k) {
+    DispatchRows((kinds >> 3) & 7, [&](auto v) {
+      constexpr uint32_t kK = decltype(k)::value, kV = decltype(v)::value;
+      StageSide<kK>(dst, page + (plan.src[0] + h * kK + 16 * l),
+                    page + (plan.src[2] + h * 128 + 4 * l), l);
+      StageSide<kV>(dst + plan.v_at, page + (plan.src[1] + h * kV + 16 * l),
+                    page + (plan.src[3] + h * 128 + 4 * l), l);
+      stage_scale();
+    });
+  });
 }
 
 // Zeroes the V rows (and per-token micro-scales) of tokens valid..15 of a staged page, so that
