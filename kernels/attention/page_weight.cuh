@@ -2,10 +2,10 @@
 // in two steps: while it attends a page, each warp of PagedDecodeKernel stores the log-sum-exp
 // of the page's logits for each query head of its group (StorePageLse); once a head's LSE is
 // final, the page's weight for it is exp(page LSE - LSE), and each page keeps its largest over
-// the heads (MaxInto). Where the LSE becomes final does that second step: the attention kernel's
-// epilogue for a launch that is not split (StorePageWeights: the block attended every page of
-// its KV head), the split merge's kernel, row by row, for a split one (page_weight.cu). So no
-// launch of its own: at batch 1 a kernel more in the step cost more than the work.
+// the heads (WeighPages). Where the LSE becomes final does that second step: the attention
+// kernel's epilogue for a launch that is not split (StorePageWeights: the block attended every
+// page of its KV head), the split merge's kernel, row by row, for a split one (page_weight.cu).
+// So no launch of its own: at batch 1 a kernel more in the step cost more than the work.
 //
 // The page LSEs (log2 units) of a sequence lie KV head by KV head, page by page, each page's
 // query heads side by side (PageLseIndex): the pages a block attends are one range that only its
@@ -83,16 +83,10 @@ __device__ __forceinline__ void StorePageLse(PageLseStore& out, const DecodeBloc
   out.next += out.stride;
 }
 
-// Max-accumulates weight w (at most 1: rounding may exceed it for a page that holds all the
-// weight) into *page_weight, by atomicMax on the bits (non-negative floats order as integers).
-__device__ __forceinline__ void MaxInto(float* page_weight, float w) {
-  w = fminf(w, 1.f);
-  if (w > 0.f) atomicMax(reinterpret_cast<int*>(page_weight), __float_as_int(w));
-}
-
 constexpr int kWeighBatch = 16;  // pages per thread whose loads are in flight together
 
-// Max-accumulates into page_weight[page] (MaxInto), for every page < pages, the largest
+// Max-accumulates into page_weight[page], by atomicMax on the bits (non-negative floats order as
+// integers), for every page < pages, the largest
 // exp2(lse[page * stride + h] - head_lse2[h]) over the heads h < heads whose head_lse2 is finite
 // (NaN, or -inf: nothing attended, adds nothing). Thread t of the block's kBlockThreads takes
 // pages (start + t + n kBlockThreads) mod pages, kWeighBatch at a time, each batch's loads issued
@@ -121,9 +115,18 @@ __device__ __forceinline__ void WeighPages(const float* lse, int stride, int hea
         }
       }
     }
+    // Atomics only where the weight grows: a read (which may be stale, never too large: the
+    // weights only grow) costs far less than an atomic, of which the H200 retired about 14 per
+    // ns; a page weighs at most 1 (rounding may exceed it for a page that holds all the weight).
+    float now[kWeighBatch];
 #pragma unroll
     for (int j = 0; j < kWeighBatch; ++j) {
-      if (base + j * kBlockThreads < pages) MaxInto(page_weight + page[j], most[j]);
+      now[j] = base + j * kBlockThreads < pages ? page_weight[page[j]] : 1.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kWeighBatch; ++j) {
+      const float w = fminf(most[j], 1.f);
+      if (w > now[j]) atomicMax(reinterpret_cast<int*>(page_weight + page[j]), __float_as_int(w));
     }
   }
 }

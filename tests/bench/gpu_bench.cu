@@ -13,8 +13,10 @@
 //     FP8, NVFP4 and the balanced mix over batch {1, 8, 64, 256} x context {1K, 8K, 32K, 128K},
 //     8 KV / 32 query heads, head_dim 128, 16-token pages in shuffled order, reported as bytes
 //     read (K/V rows, micro-scales, scales) over time against the read roof; at batch 64 x 32K
-//     and batch 1 x 128K also with page weights (`..._page_weight`), as a cache with rotated
-//     keys runs it (`..._rotated`), and both (`..._rotated_page_weight`), in the same run.
+//     and batch 1 x 128K also with page weights (`..._page_weight`; `..._page_weight_zeroed`
+//     zeroes them before each call), as a cache with rotated keys runs it (`..._rotated`), and
+//     both (`..._rotated_page_weight`), in the same run; batch 1 x 1K and 8K also 32 calls back
+//     to back (`..._back_to_back`).
 // Usage: kvtier_gpu_bench OUT.json [--decode-only | --only CASE BATCH CONTEXT]
 //   --decode-only skips migration and append; --only times one decode shape and the read roof
 //   alone (for profilers), e.g. `--only fp8_e4m3_block_head 64 8192`.
@@ -479,14 +481,18 @@ int BalancedFormat(int64_t page, int64_t pages) {
 // kernel rotating the queries as it loads them (PagedDecodeParams::rotate_queries), as
 // CudaDecodeAttention does; and with page weights (PagedDecodeParams::page_weight: the page
 // LSEs, then the weights in the kernel's epilogue or the split merge). The library also takes the page LSEs' buffer from the
-// stream-ordered allocator per call; that host work is not timed here. A row times one call
-// between two events, launch latency included; `back_to_back` calls between them give the time
-// per call of a stream kept busy, as an engine's steps (the host enqueues ahead of the GPU).
+// stream-ordered allocator per call; that host work is not timed here. The page weights are
+// max-accumulated over the runs, as the layers of a step after its first (an atomic only where a
+// weight grows); `zero_weights` zeroes them before each call, the memset timed too, as a step's
+// first layer (the most atomics). A row times one call between two events, launch latency
+// included; `back_to_back` calls between them give the time per call of a stream kept busy, as
+// an engine's steps (the host enqueues ahead of the GPU).
 struct DecodeVariant {
   const char* suffix;  // of the row's name
   bool rotated;
   bool page_weight;
   int back_to_back = 1;
+  bool zero_weights = false;
 };
 constexpr DecodeVariant kPlain = {"", false, false};
 constexpr DecodeVariant kBackToBack = {"_back_to_back", false, false, 32};
@@ -503,12 +509,14 @@ double TimeDecode(cudaStream_t stream, gpu::PagedDecodeParams p, const DecodeVar
     CHECK_CUDA(cudaMalloc(&d_weight, entries * 4));
     CHECK_CUDA(cudaMemsetAsync(d_weight, 0, entries * 4, stream));
     p.page_lse = static_cast<float*>(d_page_lse);
-    p.page_weight = static_cast<float*>(d_weight);  // max-accumulated over the runs, as layers
+    p.page_weight = static_cast<float*>(d_weight);
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
   const double ms =
-      MedianMs(stream, 3, runs, v.back_to_back,
-               [&] { CHECK_CUDA(gpu::LaunchPagedDecode(p, stream)); });
+      MedianMs(stream, 3, runs, v.back_to_back, [&] {
+        if (v.zero_weights) CHECK_CUDA(cudaMemsetAsync(d_weight, 0, entries * 4, stream));
+        CHECK_CUDA(gpu::LaunchPagedDecode(p, stream));
+      });
   for (void* ptr : {d_page_lse, d_weight}) CHECK_CUDA(cudaFree(ptr));
   return ms;
 }
@@ -691,6 +699,7 @@ int Main(int argc, char** argv) {
   // page weights would run it, next to the plain row.
   const std::vector<DecodeVariant> all_variants = {kPlain,
                                                    {"_page_weight", false, true},
+                                                   {"_page_weight_zeroed", false, true, 1, true},
                                                    {"_rotated", true, false},
                                                    {"_rotated_page_weight", true, true}};
   for (int batch : batches) {
