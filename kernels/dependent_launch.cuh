@@ -2,7 +2,7 @@
 // once every block of the stream's previous kernel has called TriggerDependents (or exited), so
 // that its launch and first instructions overlap that kernel's run instead of following it; it
 // calls WaitForPriorKernels before it reads anything earlier work wrote. At batch 1 a decode call
-// is a few short kernels in a row (attention, split merge), where
+// is a few short kernels in a row (query rotation, attention, split merge, page weights), where
 // the gaps between kernels are a visible part of the step.
 //
 // A kernel launched this way must call WaitForPriorKernels before its first read of global
@@ -30,7 +30,7 @@ __device__ __forceinline__ void WaitForPriorKernels() {
 // Lets the stream's next kernel, if launched with LaunchDependent, be scheduled once every block
 // of this kernel has called it (its blocks then wait in WaitForPriorKernels, on resources this
 // kernel's blocks, all started, no longer need). The decode path's short kernels (rotation, split
-// merge) call it right after WaitForPriorKernels, so that at most one kernel ahead
+// merge, page weights) call it right after WaitForPriorKernels, so that at most one kernel ahead
 // waits; the attention kernel does not (the waiting blocks of its dependents slowed it by 1-4%).
 // A no-op without a dependent.
 __device__ __forceinline__ void TriggerDependents() {

@@ -28,7 +28,7 @@
 // One step per page, each a function of decode_stages.cuh: stage (PageRing, stage_page.cuh),
 // QK (ComputeLogits), softmax (OnlineSoftmax), PV (AccumulateValues), and with page weights the
 // page's LSE per head (StorePageLse); then the epilogue merges the warps (StoreWarpState,
-// MergeWarps) and, with page weights and no split, weighs the block's pages (StorePageWeights).
+// MergeWarps).
 #ifndef KVTIER_KERNELS_ATTENTION_DECODE_KERNEL_CUH_
 #define KVTIER_KERNELS_ATTENTION_DECODE_KERNEL_CUH_
 
@@ -119,14 +119,12 @@ __device__ __forceinline__ StagedPage OpenPage(const PagedDecodeParams& p, const
 }
 
 // The block merge's shared memory (the rings' space, reused): each warp's outputs, in absolute
-// units, then its maxima and sums, for the kRows heads of the group; then the heads' merged
-// LSEs in log2 units (for the page weights).
+// units, then its maxima and sums, for the kRows heads of the group.
 template <int kRows>
 struct MergeArea {
   float (*out)[kRows][kDecodeHeadDim];
   float (*m)[kRows];
   float (*l)[kRows];
-  float* lse2;
 };
 
 template <int kRows>
@@ -135,7 +133,6 @@ __device__ __forceinline__ MergeArea<kRows> MergeAreaOf(uint8_t* smem) {
   a.out = reinterpret_cast<float(*)[kRows][kDecodeHeadDim]>(smem);
   a.m = reinterpret_cast<float(*)[kRows]>(smem + sizeof(float) * kWarps * kRows * kDecodeHeadDim);
   a.l = a.m + kWarps;
-  a.lse2 = reinterpret_cast<float*>(a.l + kWarps);
   return a;
 }
 
@@ -163,8 +160,7 @@ __device__ __forceinline__ void StoreWarpState(uint8_t* smem, const DecodeBlock&
 }
 
 // Epilogue, 2: merges the warps' states (thread d takes dim d of every head of the group) into
-// the output, or into the workspace when the sequence is split, and the heads' LSEs into
-// MergeArea::lse2.
+// the output, or into the workspace when the sequence is split.
 template <int kTiles>
 __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* smem,
                                            const DecodeBlock& k) {
@@ -192,9 +188,7 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
     }
     const bool empty = !nan && !(total > 0.f);
     const float out = nan ? NAN : empty ? 0.f : acc / total;
-    const float lse2 = nan ? NAN : empty ? -INFINITY : m + log2f(total);
-    const float lse = lse2 * kLn2;
-    if (d == 0) s.lse2[row] = lse2;
+    const float lse = nan ? NAN : empty ? -INFINITY : (m + log2f(total)) * kLn2;
     const int64_t out_row = static_cast<int64_t>(k.b) * p.num_q_heads + k.kv_head * k.group + row;
     if (split_kv) {
       const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
@@ -212,8 +206,7 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
 
 // kTiles: query-head tiles of 8 (1 when the GQA group fits in 8 heads, else 2). kStages: the
 // depth of each warp's ring (kShallowStages or kDeepStages, stage_page.cuh). kPageWeights:
-// p.page_lse is set; each page's LSE per head is stored there, and, in a launch that is not
-// split, the block's page weights once its heads' LSEs are final (page_weight.cuh). Without it
+// p.page_lse is set; each page's LSE per head is stored there (page_weight.cuh). Without it
 // the page sums are never used and compile away: the kernel does no extra work.
 template <int kTiles, int kStages, bool kPageWeights>
 __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
@@ -257,12 +250,6 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
   StoreWarpState<kTiles>(smem, k, m_run, l_run, unit, o);
   __syncthreads();
   MergeWarps<kTiles>(p, smem, k);
-  if constexpr (kPageWeights) {
-    if (p.num_splits == 1) {
-      __syncthreads();  // the LSEs in shared memory, every warp's page LSEs in global memory
-      StorePageWeights(p, k, MergeAreaOf<8 * kTiles>(smem).lse2);
-    }
-  }
 }
 
 }  // namespace kvtier::gpu::attention

@@ -1,7 +1,7 @@
 // The host side of kvtier's fused decode attention (contract in kernels/decode_attention.cuh):
 // each palette format's staging plan, the split of a batch's pages that fills the GPU, and the
 // launch of PagedDecodeKernel (decode_kernel.cuh) followed, for a split batch, by the merge of
-// its partial states (merge_states.cuh; with the page weights, page_weight.cu).
+// its partial states (merge_states.cu).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -116,7 +116,7 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const size_t deep_ring = ring(kDeepStages);
   const bool deep = deep_ring <= kMostSmem &&
                     blocks_by_registers * (deep_ring + kSharedReservedPerBlock) <= kSharedPerSm;
-  const size_t merge = (kWarps * group_rows * (kDecodeHeadDim + 2) + group_rows) * sizeof(float);
+  const size_t merge = kWarps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
   return {kKernels[wide][deep][k.page_weight != nullptr],
           static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge))};
 }
@@ -151,8 +151,7 @@ bool ValidShapes(const PagedDecodeParams& p) {
          p.num_formats <= kDecodeMaxFormats;
 }
 
-// The merge of a split launch's partial states (in p.workspace) into p.out and p.lse, and with
-// page_weight set, the page weights.
+// The merge of a split launch's partial states (in p.workspace) into p.out and p.lse.
 cudaError_t LaunchSplitMerge(const PagedDecodeParams& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
   MergeStatesParams m;
@@ -165,8 +164,7 @@ cudaError_t LaunchSplitMerge(const PagedDecodeParams& p, cudaStream_t stream) {
   m.head_dim = kDecodeHeadDim;
   m.out = p.out;
   m.lse = p.lse;
-  return p.page_weight != nullptr ? LaunchSplitMergeWithPageWeights(m, p, stream)
-                                  : LaunchMergeStates(m, stream);
+  return LaunchMergeStates(m, stream);
 }
 
 }  // namespace
@@ -214,7 +212,8 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
   cudaError_t e = LaunchDependent(launch.kernel, grid, dim3(kThreads), launch.smem, stream, k);
   if (e == cudaSuccess && p.num_splits > 1) e = LaunchSplitMerge(p, stream);
-  return e;
+  if (e != cudaSuccess || p.page_weight == nullptr) return e;
+  return LaunchPageWeights(p, stream);  // after the LSEs are final
 }
 
 }  // namespace kvtier::gpu

@@ -1,11 +1,9 @@
 // The page weights of kvtier's decode kernel (PagedDecodeParams::page_weight, docs/attention.md),
 // in two steps: while it attends a page, each warp of PagedDecodeKernel stores the log-sum-exp
-// of the page's logits for each query head of its group (StorePageLse); once a head's LSE is
-// final, the page's weight for it is exp(page LSE - LSE), and each page keeps its largest over
-// the heads (WeighPages). Where the LSE becomes final does that second step: the attention
-// kernel's epilogue for a launch that is not split (StorePageWeights: the block attended every
-// page of its KV head), the split merge's kernel, row by row, for a split one (page_weight.cu).
-// So no launch of its own: at batch 1 a kernel more in the step cost more than the work.
+// of the page's logits for each query head of its group (StorePageLse); once every head's LSE is
+// final (after the split merge), LaunchPageWeights turns them into exp(page LSE - LSE) and keeps
+// each page's largest over its heads. The split-KV blocks never see a head's final LSE, hence
+// the page LSEs in between.
 //
 // The page LSEs (log2 units) of a sequence lie KV head by KV head, page by page, each page's
 // query heads side by side (PageLseIndex): the pages a block attends are one range that only its
@@ -33,13 +31,12 @@ __device__ __forceinline__ float Log2(float x) {
   return y;
 }
 
-// The index in page_lse of query head h of KV head kv_head's group (`group` heads of
-// num_q_heads) at page `page` of a sequence whose packed entries start at `first_entry` and
-// number `pages`.
-__host__ __device__ __forceinline__ int64_t PageLseIndex(int num_q_heads, int group,
-                                                         int64_t first_entry, int pages,
-                                                         int kv_head, int page, int h) {
-  return first_entry * num_q_heads + (static_cast<int64_t>(kv_head) * pages + page) * group + h;
+// The index in page_lse of query head h of KV head kv_head's group at page `page` of a sequence
+// whose packed entries start at `first_entry` and number `pages`.
+__device__ __forceinline__ int64_t PageLseIndex(const PagedDecodeParams& p, int64_t first_entry,
+                                                int pages, int kv_head, int page, int h) {
+  const int group = p.num_q_heads / p.num_kv_heads;
+  return first_entry * p.num_q_heads + (static_cast<int64_t>(kv_head) * pages + page) * group + h;
 }
 
 // Where a warp's page LSEs go: lane (g, c) ends StorePageLse with the sum of query head
@@ -52,8 +49,7 @@ struct PageLseStore {
 __device__ __forceinline__ PageLseStore PageLseStoreOf(const PagedDecodeParams& p,
                                                        const DecodeBlock& k, int first_page) {
   const int head = 2 * k.c + (k.g >= 4 ? 1 : 0);
-  return {p.page_lse + PageLseIndex(p.num_q_heads, k.group, k.first_entry, k.pages, k.kv_head,
-                                    first_page, head),
+  return {p.page_lse + PageLseIndex(p, k.first_entry, k.pages, k.kv_head, first_page, head),
           kWarps * k.group};
 }
 
@@ -83,73 +79,12 @@ __device__ __forceinline__ void StorePageLse(PageLseStore& out, const DecodeBloc
   out.next += out.stride;
 }
 
-constexpr int kWeighBatch = 16;  // pages per thread whose loads are in flight together
-
-// Max-accumulates into page_weight[page], by atomicMax on the bits (non-negative floats order as
-// integers), for every page < pages, the largest
-// exp2(lse[page * stride + h] - head_lse2[h]) over the heads h < heads whose head_lse2 is finite
-// (NaN, or -inf: nothing attended, adds nothing). Thread t of the block's kBlockThreads takes
-// pages (start + t + n kBlockThreads) mod pages, kWeighBatch at a time, each batch's loads issued
-// before its atomics (they may alias, so the compiler would not reorder them); the blocks that
-// weigh one sequence start at different pages, so that their atomics meet on few cache lines.
-template <int kBlockThreads>
-__device__ __forceinline__ void WeighPages(const float* lse, int stride, int heads,
-                                           const float* head_lse2, int pages, int start,
-                                           float* page_weight) {
-  for (int base = threadIdx.x; base < pages; base += kWeighBatch * kBlockThreads) {
-    int page[kWeighBatch];
-    float most[kWeighBatch];
-#pragma unroll
-    for (int j = 0; j < kWeighBatch; ++j) {
-      const int i = base + j * kBlockThreads + start;
-      page[j] = i < pages ? i : i - pages;
-      most[j] = 0.f;
-    }
-    for (int h = 0; h < heads; ++h) {
-      const float l = head_lse2[h];
-      if (!isfinite(l)) continue;
-#pragma unroll
-      for (int j = 0; j < kWeighBatch; ++j) {
-        if (base + j * kBlockThreads < pages) {
-          most[j] = fmaxf(most[j], exp2f(lse[static_cast<int64_t>(page[j]) * stride + h] - l));
-        }
-      }
-    }
-    // Atomics only where the weight grows: a read (which may be stale, never too large: the
-    // weights only grow) costs far less than an atomic, of which the H200 retired about 14 per
-    // ns; a page weighs at most 1 (rounding may exceed it for a page that holds all the weight).
-    float now[kWeighBatch];
-#pragma unroll
-    for (int j = 0; j < kWeighBatch; ++j) {
-      now[j] = base + j * kBlockThreads < pages ? page_weight[page[j]] : 1.f;
-    }
-#pragma unroll
-    for (int j = 0; j < kWeighBatch; ++j) {
-      const float w = fminf(most[j], 1.f);
-      if (w > now[j]) atomicMax(reinterpret_cast<int*>(page_weight + page[j]), __float_as_int(w));
-    }
-  }
-}
-
-// The epilogue of a launch that is not split: the block's pages (the sequence's), weighed over
-// its group's heads. row_lse2: the heads' final LSEs, log2 units. REQUIRES: every page LSE of
-// the block stored, and the block synchronized since.
-__device__ __forceinline__ void StorePageWeights(const PagedDecodeParams& p, const DecodeBlock& k,
-                                                 const float* row_lse2) {
-  const int pages = k.page_end - k.page_begin;
-  WeighPages<kThreads>(p.page_lse + PageLseIndex(p.num_q_heads, k.group, k.first_entry, k.pages,
-                                                 k.kv_head, k.page_begin, 0),
-                       k.group, k.group, row_lse2, pages, k.kv_head * pages / p.num_kv_heads,
-                       p.page_weight + k.first_entry + k.page_begin);
-}
-
 }  // namespace attention
 
-// Enqueues the merge of a split launch's partial states m (LaunchMergeStates) that also max-
-// accumulates, once each row's LSE is final, its page weights into p.page_weight. REQUIRES:
-// p.page_weight and p.page_lse set; m merges p's splits.
-cudaError_t LaunchSplitMergeWithPageWeights(const MergeStatesParams& m,
-                                            const PagedDecodeParams& p, cudaStream_t stream);
+// Enqueues the kernel that turns p.page_lse and the final p.lse into p.page_weight (max-
+// accumulated). REQUIRES: p.page_weight and p.page_lse set; num_splits * pages_per_split is at
+// least every sequence's page count.
+cudaError_t LaunchPageWeights(const PagedDecodeParams& p, cudaStream_t stream);
 
 }  // namespace kvtier::gpu
 

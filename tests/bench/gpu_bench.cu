@@ -480,13 +480,12 @@ int BalancedFormat(int64_t page, int64_t pages) {
 // How a decode row runs: as a cache with rotated keys (Options::key_rotation) runs it, the
 // kernel rotating the queries as it loads them (PagedDecodeParams::rotate_queries), as
 // CudaDecodeAttention does; and with page weights (PagedDecodeParams::page_weight: the page
-// LSEs, then the weights in the kernel's epilogue or the split merge). The library also takes the page LSEs' buffer from the
+// LSEs, then the weights kernel). The library also takes the page LSEs' buffer from the
 // stream-ordered allocator per call; that host work is not timed here. The page weights are
-// max-accumulated over the runs, as the layers of a step after its first (an atomic only where a
-// weight grows); `zero_weights` zeroes them before each call, the memset timed too, as a step's
-// first layer (the most atomics). A row times one call between two events, launch latency
-// included; `back_to_back` calls between them give the time per call of a stream kept busy, as
-// an engine's steps (the host enqueues ahead of the GPU).
+// max-accumulated over the runs, as the layers of a step; `zero_weights` zeroes them before each
+// call, the memset timed too, as an engine does once per step. A row times one call between two
+// events, launch latency included; `back_to_back` calls between them give the time per call of
+// a stream kept busy, as an engine's steps (the host enqueues ahead of the GPU).
 struct DecodeVariant {
   const char* suffix;  // of the row's name
   bool rotated;
