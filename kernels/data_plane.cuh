@@ -143,6 +143,8 @@ struct RequantizeParams {
 // One launch for all layers and blocks: page src_pages[i] of layers[l].src is decoded and
 // re-encoded into page dst_pages[i] of layers[l].dst exactly as page_codec.h's DecodeRow and
 // EncodeBlockHead do. A warp handles one (layer, block, head, K/V side).
+// Returns cudaErrorInvalidValue, launching nothing, for more than 65535 layers or
+// num_blocks x 2 x heads >= 2^32.
 cudaError_t LaunchRequantize(const RequantizeParams& p, cudaStream_t stream);
 
 // Copies page src_pages[i] of layers[l].src to page dst_pages[i] of layers[l].dst, bytes as
@@ -176,11 +178,12 @@ struct ReadPageParams {
 cudaError_t LaunchReadPage(const ReadPageParams& p, cudaStream_t stream);
 
 // Compares every fast conversion of fast_codec.cuh with the codec it replaces, on every input
-// it may receive (all 2^32 floats, all 2^16 halves, all 256 E4M3 codes). counts (device, kSelfCheckCounters
-// zeroed values) receives the number of mismatches of each conversion; first_mismatch (same
-// size, set to ~0 by the caller) the smallest failing input bits.
-// E4M3 encode, E2M1 encode, FP16 decode, E4M3 decode, E4M3 of p / 6 (the NVFP4 micro-scale)
-constexpr int kSelfCheckCounters = 5;
+// it may receive (all 2^32 floats, all 2^16 halves, all 2^16 pairs of E4M3 codes). counts
+// (device, kSelfCheckCounters zeroed values) receives the number of mismatches of each
+// conversion; first_mismatch (same size, set to ~0 by the caller) the smallest failing input
+// bits. E4M3 encode, E2M1 encode, FP16 decode, E4M3 decode (one code and pairs), E4M3 of p / 6
+// (the NVFP4 micro-scale), division by an E4M3 value (the NVFP4 multiplier)
+constexpr int kSelfCheckCounters = 6;
 cudaError_t LaunchFastCodecSelfCheck(unsigned long long* counts, unsigned int* first_mismatch,
                                      cudaStream_t stream);
 

@@ -13,13 +13,15 @@
 //                    the code. Equal to codec::FloatToE2M1 for every non-NaN input.
 //                    FastPackE2M1x8 packs eight magnitudes the same way and takes the sign
 //                    bits from the caller (from the source bytes, 7 instructions per 8 values).
+//   FastE4M3         the same conversion of one value that is not NaN (no NaN byte results).
 //   FastE4M3ToFloat  the hardware E4M3 -> FP16 conversion, then FP16 -> float. Equal to
 //                    codec::E4M3ToFloat for the 254 non-NaN codes; NaN codes give a NaN
-//                    (whose payload may differ).
-//   FastE4M3Magnitude |E4M3ToFloat(code)| x 2^-120 from the code's bits, exact for the 127
-//                    non-NaN magnitudes (no conversion instruction).
+//                    (whose payload may differ). FastE4M3x2ToFloat2 converts two codes with
+//                    one conversion instruction.
 //   FastDivideBy6    p / 6 without a division, for the NVFP4 micro-scale e4m3(p / 6): its E4M3
 //                    code equals codec::FloatToE4M3(p / 6) for every p in [+0, FLT_MAX].
+//   FastDivideByE4M3 a / d for d the value of a positive E4M3 code, without the IEEE division's
+//                    range checks: equal to a / d wherever the quotient is a normal float.
 #ifndef KVTIER_KERNELS_FAST_CODEC_CUH_
 #define KVTIER_KERNELS_FAST_CODEC_CUH_
 
@@ -44,9 +46,22 @@ __device__ __forceinline__ uint32_t FastE4M3x4(float a, float b, float c, float 
   return w & ~nan;
 }
 
+// The E4M3 code of x. REQUIRES: x is not NaN (satfinite turns no other input into a NaN byte, so
+// this is FastE4M3x4 without its NaN fix-up).
+__device__ __forceinline__ uint32_t FastE4M3(float x) {
+  return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+}
+
 __device__ __forceinline__ float FastE4M3ToFloat(uint32_t code) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
   return __half2float(__half(h));
+}
+
+// The two E4M3 codes in the low 16 bits of `codes` (.x: the low byte) as floats.
+__device__ __forceinline__ float2 FastE4M3x2ToFloat2(uint32_t codes) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
+  return __half22float2(__half2(h));
 }
 
 // The E2M1 code of |x| plus kE2M1Bias (2^23 as float bits). REQUIRES: x is not NaN.
@@ -96,15 +111,6 @@ __device__ __forceinline__ uint32_t FastPackE2M1x8(const float* x, float m, uint
   return (w - kE2M1Bias * 0x11111111u) | signs;
 }
 
-// |E4M3ToFloat(code)| x 2^-120 for `bits20` = (code & 0x7F) << 20: E4M3's exponent and
-// mantissa fields line up with a float's, 120 binades lower, subnormal codes included (as
-// float subnormals). Exact for the 127 non-NaN magnitudes. Multiplied by scale x 2^120 (exact
-// when that is finite, no flush to zero) it is |E4M3ToFloat(code)| x scale rounded once, the
-// product DecodeRow rounds.
-__device__ __forceinline__ float FastE4M3Magnitude(uint32_t bits20) {
-  return __uint_as_float(bits20);
-}
-
 // p / 6 for p in [+0, FLT_MAX]: the product by RN(1/6), corrected once by its exact residual
 // (Markstein's theorem: correctly rounded wherever the quotient is a normal float). Below
 // p = 2^-125, where the IEEE quotient is subnormal, it may differ by an ulp; E4M3 rounds both to
@@ -113,6 +119,18 @@ __device__ __forceinline__ float FastDivideBy6(float p) {
   constexpr float kSixth = 1.f / 6.f;
   const float q = __fmul_rn(p, kSixth);
   return __fmaf_rn(__fmaf_rn(-q, 6.f, p), kSixth, q);
+}
+
+// a / d, correctly rounded, for d = E4M3ToFloat(code) with code in [1, 0x7E] and a / d a normal
+// float. The hardware reciprocal refined by one Newton step is RN(1 / d) for each of these 126
+// values (self-check); the product a x RN(1 / d) corrected once by its exact residual is then
+// RN(a / d) (Markstein's theorem, as FastDivideBy6).
+__device__ __forceinline__ float FastDivideByE4M3(float a, float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));  // d >= 2^-9: normal
+  r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.f), r);
+  const float q = __fmul_rn(a, r);
+  return __fmaf_rn(__fmaf_rn(-q, d, a), r, q);
 }
 
 // max(a, |x|) where a NaN x makes the result NaN (PTX max.NaN): an amax that also flags NaN.

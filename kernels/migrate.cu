@@ -3,7 +3,11 @@
 // block_tokens x head_dim values and reproduces page_codec.h's DecodeRow + EncodeBlockHead on
 // it:
 //   - the tile is read in groups of 16 consecutive elements of a token (two 16-byte loads for
-//     a 16-bit source), lane l taking groups l, l + 32, ...;
+//     a 16-bit source), lane l taking groups l, l + 32, ...; a tile's rows are contiguous in a
+//     page, so group g is at a fixed stride from the first (TileRows), as is its NVFP4
+//     micro-scale (TileMicroScales);
+//   - the grid's y index is the layer; a power-of-two head count splits a warp's index into
+//     (block, side, head) with shifts;
 //   - the block's amax is a warp max (exact: max does not depend on order);
 //   - FP8 and NVFP4 values are encoded with the fast forms of fast_codec.cuh, and the amax is
 //     taken so that a NaN or an Inf makes it non-finite: such a tile is redone with the codec
@@ -29,26 +33,20 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-__device__ __forceinline__ Tile TileOf(const RequantizeParams& p, uint64_t item) {
-  // item = ((layer * num_blocks + block) * 2 + side) * heads + head: neighbouring warps
-  // touch neighbouring bytes of a page.
+// The tile of warp `item` of layer `layer`: item = (block * 2 + side) * heads + head, so that
+// neighbouring warps touch neighbouring bytes of a page. A power-of-two head count (the usual
+// case) takes shifts instead of a 32-bit division.
+__device__ __forceinline__ Tile TileOf(const RequantizeParams& p, uint32_t layer, uint32_t item) {
   const uint32_t heads = static_cast<uint32_t>(p.src.heads);
-  const uint32_t blocks = static_cast<uint32_t>(p.num_blocks);
-  uint32_t head, side, block, layer;
-  if (item <= 0xFFFFFFFFull) {  // 32-bit divisions (64-bit ones are a call each)
-    const uint32_t i = static_cast<uint32_t>(item);
-    head = i % heads;
-    side = (i / heads) % 2;
-    const uint32_t lb = i / heads / 2;
-    block = lb % blocks;
-    layer = lb / blocks;
+  uint32_t head, pair;  // pair = block * 2 + side
+  if ((heads & (heads - 1)) == 0) {
+    head = item & (heads - 1);
+    pair = item >> (__ffs(heads) - 1);
   } else {
-    head = static_cast<uint32_t>(item % heads);
-    side = static_cast<uint32_t>((item / heads) % 2);
-    const uint64_t lb = item / heads / 2;
-    block = static_cast<uint32_t>(lb % blocks);
-    layer = static_cast<uint32_t>(lb / blocks);
+    head = item % heads;
+    pair = item / heads;
   }
+  const uint32_t side = pair & 1, block = pair >> 1;
   const LayerPools& pools = p.layers[layer];
   Tile t;
   t.src = pools.src + static_cast<size_t>(p.src_pages[block]) * p.src.page_bytes;
@@ -85,9 +83,10 @@ __device__ __forceinline__ bool AnyNonFinite(float amax) {
 
 // ---- Encoders of one group of 16 elements along head_dim ----
 
+// `out`: the group's 16 bytes in the destination page.
 template <bool kFast>
-__device__ __forceinline__ void StoreFp8Group(const PageLayout& dl, const Tile& t, int token,
-                                              int d0, const float x[16], float inv) {
+__device__ __forceinline__ void StoreFp8Group(const Tile& t, uint8_t* out, const float x[16],
+                                              float inv) {
   uint32_t w[4];
   if (kFast && t.dst_type == ElementType::kFp8E4M3) {
 #pragma unroll
@@ -105,27 +104,26 @@ __device__ __forceinline__ void StoreFp8Group(const PageLayout& dl, const Tile& 
       }
     }
   }
-  *reinterpret_cast<uint4*>(t.dst + dl.PayloadOffset(Side(dl, t), t.head, token) + d0) =
-      make_uint4(w[0], w[1], w[2], w[3]);
+  *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // codec::Nvfp4MicroScale, and the multiplier codec::Nvfp4EncodeValue applies to every value
 // of the micro-block (0 when the values encode as zeros), computed once.
+// REQUIRES: s_enc from codec::Nvfp4EncodeScale (0, or in [2688 / FLT_MAX, 2688 x 2^96]); with
+// kFast, micro_amax finite and non-negative. Then t is in [+0, FLT_MAX] (code 0 for +0, as the
+// codec's t > 0 test gives), and a nonzero code's multiplier lies in [6 / FLT_MAX, 2^117]: a
+// normal float, as FastDivideByE4M3 requires.
 template <bool kFast>
 __device__ __forceinline__ uint8_t MicroScale(float s_enc, float micro_amax, float* m) {
-  uint8_t sf;
-  float decoded;
   if (kFast) {
     static_assert(codec::kE2M1Max == 6.f);
     const float t = FastDivideBy6(fminf(s_enc * micro_amax, FLT_MAX));
-    sf = t > 0.f ? static_cast<uint8_t>(FastE4M3x4(t, 0.f, 0.f, 0.f)) : 0;
-    decoded = FastE4M3ToFloat(sf);  // never NaN: t is positive and finite
-  } else {
-    sf = codec::Nvfp4MicroScale(s_enc, micro_amax);
-    decoded = codec::E4M3ToFloat(sf);
+    const uint8_t sf = static_cast<uint8_t>(FastE4M3(t));
+    *m = sf != 0 ? FastDivideByE4M3(s_enc, FastE4M3ToFloat(sf)) : 0.f;
+    return sf;
   }
-  const float q = s_enc / decoded;
-  *m = q > 0.f && q <= FLT_MAX ? q : 0.f;
+  const uint8_t sf = codec::Nvfp4MicroScale(s_enc, micro_amax);
+  *m = codec::Nvfp4EncodeMultiplier(s_enc, sf);
   return sf;
 }
 
@@ -145,28 +143,20 @@ __device__ __forceinline__ uint32_t PackE2M1x8(const float* x, float m, uint32_t
   return m > 0.f ? w : 0u;
 }
 
-// PageLayout::MicroOffset of micro-blocks along head_dim, without its switch on the axis and in
-// unsigned arithmetic (d0 is a multiple of 16): fewer instructions per 16 values.
-__device__ __forceinline__ uint32_t RowMicroOffset(const PageLayout& l, const CodecLayout& c,
-                                                   int head, int token, int d0) {
-  const uint32_t row = static_cast<uint32_t>(head) * static_cast<uint32_t>(l.tokens) + token;
-  return c.micro_offset + row * (static_cast<uint32_t>(l.head_dim) / kMicroBlock) +
-         static_cast<uint32_t>(d0) / kMicroBlock;
-}
-
-// One NVFP4 micro-block along head_dim whose amax is `micro_amax`; signs[h]: the sign bits of
-// x[8h..8h+7] (see PackE2M1x8).
+// One NVFP4 micro-block along head_dim whose amax is `micro_amax`, written to its micro-scale
+// byte `sf_out` and its 8 payload bytes `out`; signs[h]: the sign bits of x[8h..8h+7] (see
+// PackE2M1x8).
 // With a normal micro-scale (code >= 8: sf within 1/16 of t = S_enc a / 6, and at most 448
 // since a <= A), every |x| m <= 6 (t / sf) (1 + 2^-21) <= 6.375 (1 + 2^-21) < 7, so the fast
 // form needs no clamp; subnormal micro-scales (tiny micro-blocks against the block's amax) take
 // the clamped form.
 template <bool kFast>
-__device__ __forceinline__ void StoreNvfp4Group(const PageLayout& dl, const Tile& t, int token,
-                                                int d0, const float x[16], float micro_amax,
-                                                float s_enc, const uint32_t signs[2]) {
+__device__ __forceinline__ void StoreNvfp4Group(uint8_t* sf_out, uint8_t* out, const float x[16],
+                                                float micro_amax, float s_enc,
+                                                const uint32_t signs[2]) {
   float m;
   const uint8_t sf = MicroScale<kFast>(s_enc, micro_amax, &m);
-  t.dst[RowMicroOffset(dl, Side(dl, t), t.head, token, d0)] = sf;
+  *sf_out = sf;
   uint2 q;
   if (!kFast || sf < 8) {
     q = make_uint2(PackE2M1x8<kFast>(x, m, signs[0]), PackE2M1x8<kFast>(x + 8, m, signs[1]));
@@ -174,7 +164,7 @@ __device__ __forceinline__ void StoreNvfp4Group(const PageLayout& dl, const Tile
     q = make_uint2(PackE2M1x8<true, false>(x, m, signs[0]),
                    PackE2M1x8<true, false>(x + 8, m, signs[1]));
   }
-  *reinterpret_cast<uint2*>(t.dst + dl.PayloadOffset(Side(dl, t), t.head, token) + d0 / 2) = q;
+  *reinterpret_cast<uint2*>(out) = q;
 }
 
 // The per-(block, head) fp32 scale and the value multiplier of a block-scoped codec.
@@ -193,30 +183,30 @@ template <SrcKind kSrc>
 __device__ __forceinline__ bool CachedBlockTile(const PageLayout& sl, const PageLayout& dl,
                                                 const Tile& t, int lane,
                                                 const TileCache<kSrc>& cache) {
-  const GroupIndex gi(sl);
+  const int groups = TileGroups(sl);
   float micro[kCachedGroups];
   float amax = 0.f;
 #pragma unroll
   for (int k = 0; k < kCachedGroups; ++k) {
-    micro[k] = lane + 32 * k < gi.groups ? cache.group[k].AbsMax(t) : 0.f;
+    micro[k] = lane + 32 * k < groups ? cache.group[k].AbsMax(t) : 0.f;
     amax = MaxAbsNan(amax, micro[k]);
   }
   if (AnyNonFinite(amax)) return false;
   const float mult = StoreBlockScale(dl, t, lane, WarpMax(amax));  // inv or s_enc
   const bool nvfp4 = t.dst_type == ElementType::kNvfp4;
+  uint8_t* const rows = TileRows(dl, t, t.dst);
+  uint8_t* const micro_scales = TileMicroScales(dl, t);
 #pragma unroll
   for (int k = 0; k < kCachedGroups; ++k) {
-    const int g = lane + 32 * k;
-    if (g < gi.groups) {
-      const int token = gi.Token(g);
+    const uint32_t g = lane + 32 * k;
+    if (g < static_cast<uint32_t>(groups)) {
       float x[16];
+      cache.group[k].Get(t, x);
       if (nvfp4) {
-        cache.group[k].Magnitudes(t, x);
         const uint32_t signs[2] = {cache.group[k].Signs(t, 0), cache.group[k].Signs(t, 1)};
-        StoreNvfp4Group<true>(dl, t, token, gi.Dim(g, token), x, micro[k], mult, signs);
+        StoreNvfp4Group<true>(micro_scales + g, rows + 8 * g, x, micro[k], mult, signs);
       } else {
-        cache.group[k].Get(t, x);
-        StoreFp8Group<true>(dl, t, token, gi.Dim(g, token), x, mult);
+        StoreFp8Group<true>(t, rows + 16 * g, x, mult);
       }
     }
   }
@@ -241,18 +231,19 @@ __device__ __forceinline__ bool StreamBlockTile(const PageLayout& sl, const Page
   if (kFast && AnyNonFinite(amax)) return false;
   const float mult = StoreBlockScale(dl, t, lane, WarpMax(amax));
   const bool nvfp4 = t.dst_type == ElementType::kNvfp4;
+  uint8_t* const rows = TileRows(dl, t, t.dst);
+  uint8_t* const micro_scales = TileMicroScales(dl, t);
   for (int g = lane; g < gi.groups; g += 32) {
     const int token = gi.Token(g);
-    const int d0 = gi.Dim(g, token);
-    LoadGroup<kFast, kSrc16>(sl, Side(sl, t), t.src, t.head, token, d0, t.src_scale, x);
+    LoadGroup<kFast, kSrc16>(sl, Side(sl, t), t.src, t.head, token, gi.Dim(g, token), t.src_scale, x);
     if (nvfp4) {
       float micro = 0.f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) micro = AmaxStepOf<kFast>(micro, x[i]);
       const uint32_t signs[2] = {FloatSignNibbles(x), FloatSignNibbles(x + 8)};
-      StoreNvfp4Group<kFast>(dl, t, token, d0, x, micro, mult, signs);
+      StoreNvfp4Group<kFast>(micro_scales + g, rows + 8 * g, x, micro, mult, signs);
     } else {
-      StoreFp8Group<kFast>(dl, t, token, d0, x, mult);
+      StoreFp8Group<kFast>(t, rows + 16 * g, x, mult);
     }
   }
   return true;
@@ -335,24 +326,24 @@ __device__ __noinline__ void ExactTile(const PageLayout& sl, const PageLayout& d
   }
 }
 
-// A warp per tile. kSrc: the source element types it is compiled for (SrcKind).
+// A warp per tile, blockIdx.y the layer. kSrc: the source element types it is compiled for
+// (SrcKind).
 // kBlocksPerSm blocks of 8 warps per SM: more warps keep more loads in flight, fewer
 // registers per thread leave less room for independent work (RequantizeVariant).
 template <bool kFast, SrcKind kSrc, int kBlocksPerSm>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm)
     RequantizeKernel(const __grid_constant__ RequantizeParams p) {
-  const uint64_t item =
-      static_cast<uint64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (item >= static_cast<uint64_t>(p.num_layers) * p.num_blocks * 2 * p.src.heads) return;
+  const uint32_t item = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  // The launcher keeps the items of a layer below 2^32.
+  if (item >= static_cast<uint32_t>(p.num_blocks) * 2 * static_cast<uint32_t>(p.src.heads)) return;
   const int lane = threadIdx.x % 32;
   constexpr bool kSrc16 = kSrc == SrcKind::k16;
-  const Tile t = TileOf(p, item);
+  const Tile t = TileOf(p, blockIdx.y, item);
   if (kFast) {
-    const GroupIndex gi(p.src);
     switch (KindOf(Side(p.dst, t))) {
       case DstKind::kFp8Block:
       case DstKind::kNvfp4Block:
-        if (gi.groups <= 32 * kCachedGroups) {
+        if (TileGroups(p.src) <= 32 * kCachedGroups) {
           TileCache<kSrc> cache;
           cache.Load(p.src, t, lane);
           if (CachedBlockTile<kSrc>(p.src, p.dst, t, lane, cache)) return;
@@ -386,16 +377,15 @@ void LaunchFast(const RequantizeParams& p, int blocks, dim3 grid, cudaStream_t s
 }  // namespace
 
 cudaError_t LaunchRequantize(const RequantizeParams& p, cudaStream_t stream) {
-  const uint64_t items =
-      static_cast<uint64_t>(p.num_layers) * p.num_blocks * 2 * p.src.heads;
-  if (items == 0) return cudaSuccess;
+  const uint64_t items = static_cast<uint64_t>(p.num_blocks) * 2 * p.src.heads;  // per layer
+  if (items == 0 || p.num_layers == 0) return cudaSuccess;
+  if (items > 0xFFFFFFFFull || p.num_layers > 65535) return cudaErrorInvalidValue;
   auto is16 = [](const CodecLayout& c) {
     return c.type == ElementType::kFp16 || c.type == ElementType::kBf16;
   };
   const bool e4m3 = p.src.k.type == ElementType::kFp8E4M3 && p.src.v.type == ElementType::kFp8E4M3;
-  const uint64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (blocks > 0x7FFFFFFFull) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(blocks));
+  const dim3 grid(static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                  static_cast<unsigned>(p.num_layers));
   const int blocks_per_sm = RequantizeBlocksPerSm(p.variant, p.dst);
   if (!p.fast) {
     RequantizeKernel<false, SrcKind::kAny, 2><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);

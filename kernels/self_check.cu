@@ -38,14 +38,26 @@ __global__ void SelfCheckKernel(unsigned long long* counts, unsigned int* first)
             __float_as_uint(codec::HalfToFloat(static_cast<uint16_t>(u)))) {
       Mismatch(counts, first, 2, u);
     }
-    if (u <= 0x7F7FFFFFu && (FastE4M3x4(FastDivideBy6(x), 0.f, 0.f, 0.f) & 0xFFu) !=
-                                codec::FloatToE4M3(x / 6.f)) {
+    if (u <= 0x7F7FFFFFu && FastE4M3(FastDivideBy6(x)) != codec::FloatToE4M3(x / 6.f)) {
       Mismatch(counts, first, 4, u);
     }
-    if (u < 0x100u && (u & 0x7Fu) != 0x7Fu) {
-      const float e = codec::E4M3ToFloat(static_cast<uint8_t>(u));
-      if (__float_as_uint(FastE4M3ToFloat(u)) != __float_as_uint(e) ||
-          FastE4M3Magnitude((u & 0x7Fu) << 20) * 0x1p120f != fabsf(e)) {
+    // Every significand of a in [1, 2) by every positive non-NaN E4M3 value d (code u >> 23):
+    // the quotients of other binades of a are these scaled by powers of two, exactly.
+    if (u < (0x7Fu << 23) && (u >> 23) != 0) {
+      const float a = __uint_as_float(0x3F800000u | (u & 0x7FFFFFu));
+      const float d = codec::E4M3ToFloat(static_cast<uint8_t>(u >> 23));
+      if (__float_as_uint(FastDivideByE4M3(a, d)) != __float_as_uint(a / d)) {
+        Mismatch(counts, first, 5, u);
+      }
+    }
+    // Pairs of non-NaN codes (u < 2^16), each code alone (u < 2^8).
+    if (u < 0x10000u && (u & 0x7Fu) != 0x7Fu && ((u >> 8) & 0x7Fu) != 0x7Fu) {
+      const float2 got = FastE4M3x2ToFloat2(u);
+      const float lo = codec::E4M3ToFloat(static_cast<uint8_t>(u));
+      const float hi = codec::E4M3ToFloat(static_cast<uint8_t>(u >> 8));
+      if (__float_as_uint(got.x) != __float_as_uint(lo) ||
+          __float_as_uint(got.y) != __float_as_uint(hi) ||
+          (u < 0x100u && __float_as_uint(FastE4M3ToFloat(u)) != __float_as_uint(lo))) {
         Mismatch(counts, first, 3, u);
       }
     }

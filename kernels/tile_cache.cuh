@@ -34,14 +34,34 @@ __device__ __forceinline__ const CodecLayout& Side(const PageLayout& l, const Ti
   return t.side == 0 ? l.k : l.v;
 }
 
-// g -> (token, first element) for groups of 16 along head_dim, without a division per group.
+// The tile's rows in `page` (laid out as `l`): the (head, side) rows of a page are contiguous
+// ([heads][tokens][row_bytes]), so group g (GroupIndex) starts at element 16 g of them.
+template <typename Byte>
+__device__ __forceinline__ Byte* TileRows(const PageLayout& l, const Tile& t, Byte* page) {
+  return page + l.PayloadOffset(Side(l, t), t.head, 0);
+}
+
+// The tile's NVFP4 micro-scales in t.dst: for micro-blocks along head_dim, the one of group g is
+// byte g of them.
+__device__ __forceinline__ uint8_t* TileMicroScales(const PageLayout& l, const Tile& t) {
+  const uint32_t per_head = static_cast<uint32_t>(l.tokens) * (l.head_dim / kMicroBlock);
+  return t.dst + Side(l, t).micro_offset + static_cast<uint32_t>(t.head) * per_head;
+}
+
+// The groups of 16 consecutive elements of a token in a tile.
+__device__ __forceinline__ int TileGroups(const PageLayout& l) {
+  return l.tokens * (l.head_dim / kMicroBlock);
+}
+
+// g -> (token, first element) for groups of 16 along head_dim, without a division per group
+// (one per tile, for the multiplier).
 struct GroupIndex {
   int groups;          // in the tile
   uint32_t per_token;  // head_dim / 16
   uint64_t magic;      // ceil(2^32 / per_token): exact for g * per_token < 2^32 / 64
 
   __device__ explicit GroupIndex(const PageLayout& l)
-      : groups(l.tokens * (l.head_dim / kMicroBlock)),
+      : groups(TileGroups(l)),
         per_token(static_cast<uint32_t>(l.head_dim) / kMicroBlock),
         magic(0xFFFFFFFFull / per_token + 1) {}
   __device__ int Token(int g) const { return static_cast<int>((g * magic) >> 32); }
@@ -63,22 +83,25 @@ __device__ __forceinline__ uint32_t FloatSignNibbles(const float* x) {
 }
 
 // ---- Groups kept in registers (fast paths) ----
-// Each gives: Get, the 16 values; Magnitudes, values with their magnitudes (signs may be
-// dropped) for the NVFP4 encoder, which takes the signs from Signs; AbsMax, their largest
-// magnitude, NaN or +Inf where the fast forms must not be used.
+// Each is loaded by Load(l, t, rows, g, token): group g of the tile, rows = TileRows(l, t, t.src),
+// token = g's token where kNeedsToken (or the source's scales are per (token, head)), else 0.
+// Each gives: Get, the 16 values; Signs, their sign bits as FastPackE2M1x8 takes them; AbsMax,
+// their largest magnitude, NaN or +Inf where the fast forms must not be used.
 
 // 16 source elements: decoded floats for any source...
 template <SrcKind kSrc>
 struct CachedGroup {
+  static constexpr bool kNeedsToken = true;
   float v[16];
-  __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, int token, int d0) {
+  __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, const uint8_t*, int g,
+                                       int token) {
+    const int d0 = g * kMicroBlock - token * l.head_dim;
     LoadGroup<true>(l, Side(l, t), t.src, t.head, token, d0, t.src_scale, v);
   }
   __device__ __forceinline__ void Get(const Tile&, float x[16]) const {
 #pragma unroll
     for (int i = 0; i < 16; ++i) x[i] = v[i];
   }
-  __device__ __forceinline__ void Magnitudes(const Tile& t, float x[16]) const { Get(t, x); }
   __device__ __forceinline__ float AbsMax(const Tile&) const {
     float a = 0.f;
 #pragma unroll
@@ -105,11 +128,13 @@ __device__ __forceinline__ uint32_t MaxNan16x2(uint32_t a, uint32_t b, bool bf16
 
 template <>
 struct CachedGroup<SrcKind::k16> {
+  static constexpr bool kNeedsToken = false;
   uint4 a, b;
-  __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, int token, int d0) {
-    const uint8_t* row = t.src + l.PayloadOffset(Side(l, t), t.head, token) + d0 * 2;
-    a = *reinterpret_cast<const uint4*>(row);
-    b = *reinterpret_cast<const uint4*>(row + 16);
+  __device__ __forceinline__ void Load(const PageLayout&, const Tile&, const uint8_t* rows, int g,
+                                       int) {
+    const uint8_t* group = rows + static_cast<uint32_t>(g) * 32;
+    a = *reinterpret_cast<const uint4*>(group);
+    b = *reinterpret_cast<const uint4*>(group + 16);
   }
   __device__ __forceinline__ void Get(const Tile& t, float x[16]) const {
     const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -119,7 +144,6 @@ struct CachedGroup<SrcKind::k16> {
       x[2 * i + 1] = Decode16<true>(t.src_type, w[i] >> 16);
     }
   }
-  __device__ __forceinline__ void Magnitudes(const Tile& t, float x[16]) const { Get(t, x); }
   __device__ __forceinline__ float AbsMax(const Tile& t) const {
     const bool bf16 = t.src_type == ElementType::kBf16;
     const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -135,49 +159,42 @@ struct CachedGroup<SrcKind::k16> {
   }
 };
 
-// ...or, for E4M3 sources, the 16 codes and the row's scale s. Decoded as
-// FastE4M3Magnitude(bits) x s2 with s2 = s x 2^120: |code value| x s rounded once, as DecodeRow
-// computes it, with no conversion instruction; the sign is the code's (s2 >= +0). s2 is formed
-// where it is used, not in Load, so that no load waits for another. The micro-block amax is the
-// largest magnitude code decoded (rounding is monotonic). Valid only where s2 is a finite
-// non-negative float (s in [+0, 2^8)) and no code is NaN: AbsMax returns NaN otherwise, which
-// sends the tile to the exact path.
+// ...or, for E4M3 sources, the 16 codes and the row's scale s, decoded two codes per conversion
+// instruction and multiplied by s: E4M3ToFloat(code) x s rounded once, as DecodeRow computes it.
+// s is used only after every load of the tile is issued, so that no load waits for another. The
+// micro-block amax is the largest magnitude code (rounding is monotonic) decoded once. Valid only
+// where s is a finite non-negative float (the sign bits are the codes') and no code is NaN:
+// AbsMax returns NaN otherwise, which sends the tile to the exact path.
 template <>
 struct CachedGroup<SrcKind::kE4M3> {
+  static constexpr bool kNeedsToken = false;
   uint4 q;
   float s;
-  __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, int token, int d0) {
-    const CodecLayout& c = Side(l, t);
-    q = *reinterpret_cast<const uint4*>(t.src + l.PayloadOffset(c, t.head, token) + d0);
-    s = RowScale(l, c, t.src, t.head, token, t.src_scale);
+  __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, const uint8_t* rows,
+                                       int g, int token) {
+    q = *reinterpret_cast<const uint4*>(rows + static_cast<uint32_t>(g) * 16);
+    s = RowScale(l, Side(l, t), t.src, t.head, token, t.src_scale);
   }
-  // x[i], or with kSign false |x[i]|.
-  template <bool kSign>
-  __device__ __forceinline__ void Decode(float x[16]) const {
-    const float s2 = s * 0x1p120f;
+  __device__ __forceinline__ void Get(const Tile&, float x[16]) const {
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const uint32_t b = i % 4;
-      const uint32_t mag = (b < 3 ? w[i / 4] << (20 - 8 * b) : w[i / 4] >> 4) & 0x07F00000u;
-      x[i] = FastE4M3Magnitude(mag) * s2;
-      const uint32_t sign = (w[i / 4] << (24 - 8 * b)) & 0x80000000u;
-      if (kSign) x[i] = __uint_as_float(__float_as_uint(x[i]) | sign);
+    for (int i = 0; i < 8; ++i) {
+      const float2 f = FastE4M3x2ToFloat2(i % 2 == 0 ? w[i / 2] : w[i / 2] >> 16);
+      x[2 * i] = f.x * s;
+      x[2 * i + 1] = f.y * s;
     }
   }
-  __device__ __forceinline__ void Get(const Tile&, float x[16]) const { Decode<true>(x); }
-  __device__ __forceinline__ void Magnitudes(const Tile&, float x[16]) const { Decode<false>(x); }
   __device__ __forceinline__ float AbsMax(const Tile&) const {
-    // The 16 magnitude codes as u16 pairs (bytes 0 and 2, then bytes 1 and 3 of each word).
-    constexpr uint32_t kLow7 = 0x007F007Fu;
-    uint32_t m = __vimax3_u16x2(q.x & kLow7, q.y & kLow7, q.z & kLow7);
-    m = __vimax3_u16x2(m, q.w & kLow7, (q.x >> 8) & kLow7);
-    m = __vimax3_u16x2(m, (q.y >> 8) & kLow7, (q.z >> 8) & kLow7);
-    m = __vimax3_u16x2(m, (q.w >> 8) & kLow7, 0u);
-    m = max(m & 0xFFFFu, m >> 16);
-    const float s2 = s * 0x1p120f;
-    const bool valid = m < 0x7Fu && __float_as_uint(s2) < 0x7F800000u;
-    return valid ? FastE4M3Magnitude(m << 20) * s2 : __uint_as_float(0x7FFFFFFFu);
+    // The magnitude codes as u16 lanes: bytes 0 and 2 of each word, and bytes 1 and 3 eight
+    // bits up (their maximum taken apart, then shifted down).
+    constexpr uint32_t kEven = 0x007F007Fu, kOdd = 0x7F007F00u;
+    const uint32_t odd =
+        __vimax3_u16x2(q.x & kOdd, q.y & kOdd, __vmaxu2(q.z & kOdd, q.w & kOdd)) >> 8;
+    uint32_t m = __vimax3_u16x2(q.z & kEven, q.w & kEven, odd);
+    m = __vimax3_u16x2(q.x & kEven, q.y & kEven, m);
+    m = __vmaxu2(m, __byte_perm(m, 0, 0x1032));  // the largest code in both lanes
+    const bool valid = m < 0x007F007Fu && __float_as_uint(s) < 0x7F800000u;
+    return valid ? FastE4M3x2ToFloat2(m).x * s : __uint_as_float(0x7FFFFFFFu);
   }
   __device__ __forceinline__ uint32_t Signs(const Tile&, int h) const {
     return h == 0 ? SignNibbles8(q.x, q.y) : SignNibbles8(q.z, q.w);
@@ -190,13 +207,22 @@ struct TileCache {
   CachedGroup<kSrc> group[kCachedGroups];
 
   __device__ __forceinline__ void Load(const PageLayout& sl, const Tile& t, int lane) {
-    const GroupIndex gi(sl);
+    const int groups = TileGroups(sl);
+    const uint8_t* rows = TileRows(sl, t, t.src);
+    // E4M3 rows may have a scale per (token, head).
+    if (CachedGroup<kSrc>::kNeedsToken ||
+        (kSrc == SrcKind::kE4M3 && Side(sl, t).scope == ScaleScope::kTokenHead)) {
+      const GroupIndex gi(sl);  // a warp-uniform branch: one division per tile
 #pragma unroll
-    for (int k = 0; k < kCachedGroups; ++k) {
-      const int g = lane + 32 * k;
-      if (g < gi.groups) {
-        const int token = gi.Token(g);
-        group[k].Load(sl, t, token, gi.Dim(g, token));
+      for (int k = 0; k < kCachedGroups; ++k) {
+        const int g = lane + 32 * k;
+        if (g < groups) group[k].Load(sl, t, rows, g, gi.Token(g));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kCachedGroups; ++k) {
+        const int g = lane + 32 * k;
+        if (g < groups) group[k].Load(sl, t, rows, g, 0);
       }
     }
   }
