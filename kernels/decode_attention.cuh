@@ -85,10 +85,12 @@ struct PagedDecodeParams {
     uint32_t src[4]{};   // page offsets of head 0's K rows, V rows, K micro, V micro
     uint32_t scale_src[2]{};    // page offset of head 0's first K / V FP32 scale
     uint32_t scale_count[2]{};  // FP32 scales per head: 16 (per token), 1 (per block) or 0
-    // The K / V scale when scale_count is 0 (per tensor, or 1 for FP16), else 0: the kernel
-    // stages 0 for a side without scales and adds fill to the staged scale.
-    float fill[2]{};
-    float mul[2]{};   // the kernel's decoding leaves K / V times 1 / mul (NVFP4: 2^-7)
+    // What the kernel makes of a staged K / V scale s: s * scale_mul + scale_add. The decoding
+    // leaves values times 1 / mul (NVFP4: 2^-7, else 1) and a side without scales in the page
+    // stages s = 0 and has `fill` (its per-tensor scale, or 1 for FP16), so scale_mul = mul (for
+    // K times softmax_scale x log2(e), the logits' unit) and scale_add = fill x scale_mul.
+    float scale_mul[2]{};
+    float scale_add[2]{};
   };
   FormatPlan plans[kDecodeMaxFormats]{};
   int32_t stage_bytes = 0;

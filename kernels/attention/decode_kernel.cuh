@@ -218,7 +218,6 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
   const DecodeBlock k = BlockOf(p);
   uint32_t qb[kTiles][8][2];
   LoadQuery<kTiles>(p, k, smem, qb);
-  const float logit_scale = p.softmax_scale * kLog2e;  // logits in log2 units
   float m_run[2 * kTiles], l_run[2 * kTiles];
   float unit = 1.f, inv_unit = 1.f;
   float o[kTiles][8][4];
@@ -238,8 +237,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     ComputeLogits<kTiles>(pg, k.g, k.c, qb, s);
     uint32_t pb[kTiles][2];
     float page_sum[2 * kTiles];
-    OnlineSoftmax<kTiles>(p, pg, k.g, logit_scale, s, m_run, l_run, unit, inv_unit, o, pb,
-                          page_sum);
+    OnlineSoftmax<kTiles>(p, pg, k.g, s, m_run, l_run, unit, inv_unit, o, pb, page_sum);
     if constexpr (kPageWeights) StorePageLse<kTiles>(page_lse, k, m_run, page_sum);
     AccumulateValues<kTiles>(pg, k.g, k.c, pb, o);
     __syncwarp();  // the buffer is refilled by the next iteration's Stage()

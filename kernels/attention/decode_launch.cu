@@ -38,6 +38,7 @@ bool AllFp16(const PageLayout& l) {
 // the kernel does not read (BF16, a page other than 16 tokens x head_dim 128).
 bool PlanStaging(PagedDecodeParams& k) {
   bool mixed = false;  // all-FP16 formats next to smaller ones are read directly
+  const float logit_scale = k.softmax_scale * attention::kLog2e;  // logits in log2 units
   for (int f = 0; f < k.num_formats; ++f) mixed |= !AllFp16(k.pools[f].layout);
   k.stage_bytes = 0;
   for (int f = 0; f < k.num_formats; ++f) {
@@ -66,8 +67,10 @@ bool PlanStaging(PagedDecodeParams& k) {
       plan.scale_count[side] =
           !scaled ? 0 : PageScalesPerHead(CodecSpec{c.type, c.scope, c.axis}, l.tokens);
       plan.scale_src[side] = plan.scale_count[side] > 0 ? l.ScaleOffset(c, 0, 0) : 0;
-      plan.fill[side] = plan.scale_count[side] > 0 ? 0.f : scaled ? tensor[side] : 1.f;
-      plan.mul[side] = nvfp4 ? 128.f : 1.f;
+      const float fill = plan.scale_count[side] > 0 ? 0.f : scaled ? tensor[side] : 1.f;
+      const float mul = nvfp4 ? 128.f : 1.f;
+      plan.scale_mul[side] = side == 0 ? mul * logit_scale : mul;
+      plan.scale_add[side] = fill == 0.f ? 0.f : fill * plan.scale_mul[side];  // 0, not 0 x inf
       plan.kinds |= kind << (3 * side) | (plan.scale_count[side] == 16 ? 1u : 0u) << (6 + side);
     }
     plan.v_at = side_bytes[0];

@@ -186,14 +186,12 @@ __device__ __forceinline__ float ReduceOverG(float x) {
 // Returns whether one of this lane's logits exceeds its head's running maximum by over kLazy.
 template <int kTiles>
 __device__ __forceinline__ bool ScaleLogits(const PagedDecodeParams& p, const StagedPage& pg,
-                                            int g, float logit_scale,
-                                            const float (&m_run)[2 * kTiles],
+                                            int g, const float (&m_run)[2 * kTiles],
                                             float (&s)[kTiles][4], float (&vs)[2]) {
   const float* scales = reinterpret_cast<const float*>(pg.page + p.scales_at);
   const int k_step = (pg.kinds >> 6) & 1, v_step = (pg.kinds >> 7) & 1;
-  // A side without scales in the page has 0 staged and its scale in fill (exact either way).
-  const float k_mul = pg.plan->mul[0] * logit_scale, k_add = pg.plan->fill[0] * k_mul;
-  const float v_mul = pg.plan->mul[1], v_add = pg.plan->fill[1] * v_mul;
+  const float k_mul = pg.plan->scale_mul[0], k_add = pg.plan->scale_add[0];
+  const float v_mul = pg.plan->scale_mul[1], v_add = pg.plan->scale_add[1];
   bool rescale = false;
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
@@ -272,14 +270,14 @@ __device__ __forceinline__ void Probabilities(const float (&vs)[2], const float 
 // Probabilities.
 template <int kTiles>
 __device__ __forceinline__ void OnlineSoftmax(const PagedDecodeParams& p, const StagedPage& pg,
-                                              int g, float logit_scale, float (&s)[kTiles][4],
+                                              int g, float (&s)[kTiles][4],
                                               float (&m_run)[2 * kTiles],
                                               float (&l_run)[2 * kTiles], float& unit,
                                               float& inv_unit, float (&o)[kTiles][8][4],
                                               uint32_t (&pb)[kTiles][2],
                                               float (&page_sum)[2 * kTiles]) {
   float vs[2];
-  const bool rescale = ScaleLogits<kTiles>(p, pg, g, logit_scale, m_run, s, vs);
+  const bool rescale = ScaleLogits<kTiles>(p, pg, g, m_run, s, vs);
   Rescale<kTiles>(rescale, vs, s, m_run, l_run, unit, inv_unit, o);
   Probabilities<kTiles>(vs, s, m_run, l_run, inv_unit, pb, page_sum);
 }
