@@ -79,7 +79,7 @@ struct PagedDecodeParams {
   // A staged page holds one KV head's data: [K rows][K micro-scales][V rows][V micro-scales],
   // then 16 K and 16 V FP32 scales at `scales_at`.
   struct FormatPlan {
-    // K SideKind | V SideKind << 3 | K per token << 6 | V per token << 7 | read directly << 8
+    // K SideKind | V SideKind << 3 | read directly << 8
     uint32_t kinds = 0;
     uint32_t v_at = 0;   // offset of V's rows in a staged page
     uint32_t src[4]{};   // page offsets of head 0's K rows, V rows, K micro, V micro

@@ -71,7 +71,7 @@ bool PlanStaging(PagedDecodeParams& k) {
       const float mul = nvfp4 ? 128.f : 1.f;
       plan.scale_mul[side] = side == 0 ? mul * logit_scale : mul;
       plan.scale_add[side] = fill == 0.f ? 0.f : fill * plan.scale_mul[side];  // 0, not 0 x inf
-      plan.kinds |= kind << (3 * side) | (plan.scale_count[side] == 16 ? 1u : 0u) << (6 + side);
+      plan.kinds |= kind << (3 * side);
     }
     plan.v_at = side_bytes[0];
     k.stage_bytes =

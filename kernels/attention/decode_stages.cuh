@@ -188,8 +188,8 @@ template <int kTiles>
 __device__ __forceinline__ bool ScaleLogits(const PagedDecodeParams& p, const StagedPage& pg,
                                             int g, const float (&m_run)[2 * kTiles],
                                             float (&s)[kTiles][4], float (&vs)[2]) {
+  // Each token's K and V scale slots (StagePage puts a per-block scale in every slot).
   const float* scales = reinterpret_cast<const float*>(pg.page + p.scales_at);
-  const int k_step = (pg.kinds >> 6) & 1, v_step = (pg.kinds >> 7) & 1;
   const float k_mul = pg.plan->scale_mul[0], k_add = pg.plan->scale_add[0];
   const float v_mul = pg.plan->scale_mul[1], v_add = pg.plan->scale_add[1];
   bool rescale = false;
@@ -197,8 +197,8 @@ __device__ __forceinline__ bool ScaleLogits(const PagedDecodeParams& p, const St
   for (int n = 0; n < 2; ++n) {
     const int token = g + 8 * n;
     const bool ok = token < pg.valid;
-    const float ks = fmaf(scales[token * k_step], k_mul, k_add);
-    vs[n] = ok ? fmaf(scales[16 + token * v_step], v_mul, v_add) : 0.f;
+    const float ks = fmaf(scales[token], k_mul, k_add);
+    vs[n] = ok ? fmaf(scales[16 + token], v_mul, v_add) : 0.f;
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll

@@ -54,11 +54,11 @@ __device__ __forceinline__ void StageSide(uint32_t dst, const uint8_t* rows, con
 }
 
 // Starts copying the data of `head` in the page `entry` names into the staged page at shared
-// address dst as the format's plan says, then the 16 K and 16 V scales (lanes 0-15 and 16-31):
-// a per-token scale in each slot, a per-block one in every slot, and 0 where the side has none
-// in the page (ScaleLogits adds FormatPlan::scale_add); with 0, 1 or 16 scales per head, slot &
-// (count - 1) is the slot's scale. One straight run of copies per pair of side
-// kinds, so that ptxas pads one block of cp.async, not one per side.
+// address dst as the format's plan says, then the 16 K and 16 V scales (lanes 0-15 and 16-31),
+// slot t holding token t's scale: a per-token scale in each slot, a per-block one in every slot,
+// and 0 where the side has none in the page (ScaleLogits adds FormatPlan::scale_add); with 0, 1
+// or 16 scales per head, slot & (count - 1) is the slot's scale. One straight run of copies per
+// pair of side kinds, so that ptxas pads one block of cp.async, not one per side.
 __device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t entry, int head,
                                           uint32_t dst, int lane) {
   const uint32_t format = entry >> kPackedFormatShift;
