@@ -115,8 +115,9 @@ int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_sp
 // Floats of page_lse a launch over `entries` packed entries needs.
 int64_t PageLseFloats(int64_t entries, int32_t num_q_heads);
 
-// Enqueues the decode kernel and, with num_splits > 1, the merge of its partial states, then,
-// with page_weight set, the page weights (kernels/attention/page_weight.cu).
+// Enqueues the decode kernel and, with num_splits > 1, the merge of its partial states; with
+// page_weight set, the page weights: a kernel after it when not split, blocks in the merge's
+// grid when split (kernels/attention/page_weight.cu).
 // Returns cudaErrorInvalidValue for shapes outside the REQUIRES above (the host wrapper in
 // src/attention/decode_attention.h checks them first and says why).
 cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream);

@@ -2,7 +2,7 @@
 // once every block of the stream's previous kernel has called TriggerDependents (or exited), so
 // that its launch and first instructions overlap that kernel's run instead of following it; it
 // calls WaitForPriorKernels before it reads anything earlier work wrote. At batch 1 a decode call
-// is a few short kernels in a row (query rotation, attention, split merge, page weights), where
+// is a few short kernels in a row (query rotation, attention, split merge or page weights), where
 // the gaps between kernels are a visible part of the step.
 //
 // A kernel launched this way must call WaitForPriorKernels before its first read of global

@@ -1,7 +1,7 @@
 // The host side of kvtier's fused decode attention (contract in kernels/decode_attention.cuh):
 // each palette format's staging plan, the split of a batch's pages that fills the GPU, and the
 // launch of PagedDecodeKernel (decode_kernel.cuh) followed, for a split batch, by the merge of
-// its partial states (merge_states.cu).
+// its partial states (merge_states.cu), and with page weights, their blocks (page_weight.cu).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -154,7 +154,8 @@ bool ValidShapes(const PagedDecodeParams& p) {
          p.num_formats <= kDecodeMaxFormats;
 }
 
-// The merge of a split launch's partial states (in p.workspace) into p.out and p.lse.
+// The merge of a split launch's partial states (in p.workspace) into p.out and p.lse, with page
+// weights in the same grid.
 cudaError_t LaunchSplitMerge(const PagedDecodeParams& p, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
   MergeStatesParams m;
@@ -167,7 +168,8 @@ cudaError_t LaunchSplitMerge(const PagedDecodeParams& p, cudaStream_t stream) {
   m.head_dim = kDecodeHeadDim;
   m.out = p.out;
   m.lse = p.lse;
-  return LaunchMergeStates(m, stream);
+  return p.page_weight != nullptr ? LaunchMergeAndPageWeights(m, p, stream)
+                                  : LaunchMergeStates(m, stream);
 }
 
 }  // namespace
@@ -214,9 +216,9 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   const KernelLaunch launch = KernelFor(k);
   const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
   cudaError_t e = LaunchDependent(launch.kernel, grid, dim3(kThreads), launch.smem, stream, k);
-  if (e == cudaSuccess && p.num_splits > 1) e = LaunchSplitMerge(p, stream);
-  if (e != cudaSuccess || p.page_weight == nullptr) return e;
-  return LaunchPageWeights(p, stream);  // after the LSEs are final
+  if (e != cudaSuccess) return e;
+  if (p.num_splits > 1) return LaunchSplitMerge(p, stream);
+  return p.page_weight != nullptr ? LaunchPageWeights(p, stream) : cudaSuccess;
 }
 
 }  // namespace kvtier::gpu

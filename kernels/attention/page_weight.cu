@@ -1,14 +1,21 @@
 // The second step of the decode kernel's page weights (kernels/attention/page_weight.cuh): a
-// block takes kWeightEntries packed entries of one sequence, lane l entries l, l + 32, ... and
-// warp w the KV heads w, w + kWeightWarps, ... (a warp reads a KV head's page LSEs of 32 pages as
-// one coalesced range, kWeightRounds ranges in flight); each thread keeps the largest weight of
-// its heads per entry, and the block reduces them over its warps in shared memory and max-
-// accumulates each entry's into page_weight. A wave of blocks covers batch 64 x 32K.
+// weights block takes kWeightEntries packed entries of one sequence, lane l entries l, l + 32,
+// ... and warp w of its W the KV heads w, w + W, ... (a warp reads a KV head's page LSEs of 32
+// pages as one coalesced range, kWeightRounds ranges in flight); each thread keeps the largest
+// weight of its heads per entry, and the block reduces them over its warps in shared memory and
+// max-accumulates each entry's into page_weight. A wave of blocks covers batch 64 x 32K.
+//
+// Launch not split: a kernel of weights blocks after the attention, reading the final LSEs. Split
+// launch: the weights blocks share one grid with the merge's blocks (one per row), each merging
+// the final LSEs of its heads from the splits' partial LSEs itself, so that the weights need no
+// launch of their own and do not wait for the merge (at batch 1 each kernel boundary costs
+// microseconds: a third kernel cost 4-8% at batch 1 x 128K).
 #include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/attention/merge_states.cuh"
 #include "kernels/attention/page_weight.cuh"
 #include "kernels/decode_attention.cuh"
 #include "kernels/dependent_launch.cuh"
@@ -16,37 +23,66 @@
 namespace kvtier::gpu {
 namespace {
 
+constexpr int kWeightRounds = 4;                    // entries per lane
+constexpr int kWeightEntries = 32 * kWeightRounds;  // per block
+// Warps of a weights block: of the kernel after a launch that is not split, and of the merge's
+// grid (whose rows are merged by 4 warps, as MergeStatesKernel: the same bits).
 constexpr int kWeightWarps = 8;
-constexpr int kWeightRounds = 4;                      // entries per lane
-constexpr int kWeightEntries = 32 * kWeightRounds;    // per block
-static_assert(kWeightEntries <= kWeightWarps * 32, "a thread per entry in the block's reduction");
+constexpr int kMergeWarps = 4;
+static_assert(kWeightEntries <= kMergeWarps * 32, "a thread per entry in the block's reduction");
 using attention::kLog2e;
 
-// Block (x, b): entries x * kWeightEntries ... of sequence b.
-__global__ void __launch_bounds__(kWeightWarps * 32, 8) PageWeightKernel(const PagedDecodeParams p) {
-  __shared__ float warp_weight[kWeightWarps][kWeightEntries];
-  WaitForPriorKernels();  // the page LSEs and the final LSEs (LaunchDependent)
-  TriggerDependents();
-  const int b = blockIdx.y;
+// The final LSE (natural log) of output row `row` of a split launch, from its splits' partial
+// LSEs in the workspace, by the merge's rules: NaN for a NaN or +inf part, -inf when every part
+// is empty. REQUIRES: every lane of the warp calls it; all get the LSE.
+__device__ __forceinline__ float SplitLse(const PagedDecodeParams& p, int64_t row, int lane) {
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
+  const float* s = p.workspace + static_cast<int64_t>(p.num_splits) * rows * kDecodeHeadDim + row;
+  float m = -INFINITY;
+  bool nan = false;
+  for (int k = lane; k < p.num_splits; k += 32) {
+    const float x = s[k * rows];
+    nan |= isnan(x);
+    m = fmaxf(m, x);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));
+  if (__any_sync(0xFFFFFFFFu, nan) || m == INFINITY) return NAN;
+  if (m == -INFINITY) return -INFINITY;
+  float total = 0.f;
+  for (int k = lane; k < p.num_splits; k += 32) total += expf(s[k * rows] - m);
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) total += __shfl_xor_sync(0xFFFFFFFFu, total, d);
+  return m + logf(total);
+}
+
+// Weights block x of sequence b, of kWarps warps: entries x * kWeightEntries ... (kSplit: the
+// final LSEs from the splits' partial ones, else from p.lse). REQUIRES: every thread of the block
+// calls it.
+template <int kWarps, bool kSplit>
+__device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, int b) {
+  __shared__ float warp_weight[kWarps][kWeightEntries];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int first = p.packed_indptr[b];
   const int pages = p.packed_indptr[b + 1] - first;
-  const int block_page = blockIdx.x * kWeightEntries;
+  const int block_page = x * kWeightEntries;
   if (block_page >= pages) return;  // the whole block
   const int group = p.num_q_heads / p.num_kv_heads;
-  const float* lse = p.lse + static_cast<int64_t>(b) * p.num_q_heads;
+  const int64_t first_row = static_cast<int64_t>(b) * p.num_q_heads;
   // Lane's page of each round; past the sequence's end, its last page (read, never kept), so
   // that every round's load is issued unconditionally.
   int page[kWeightRounds];
 #pragma unroll
   for (int r = 0; r < kWeightRounds; ++r) page[r] = min(block_page + lane + 32 * r, pages - 1);
   float weight[kWeightRounds] = {};
-  for (int kv = warp; kv < p.num_kv_heads; kv += kWeightWarps) {
+  for (int kv = warp; kv < p.num_kv_heads; kv += kWarps) {
     for (int h = 0; h < group; ++h) {
-      const float l = lse[kv * group + h];
+      const int64_t row = first_row + kv * group + h;
+      const float l = kSplit ? SplitLse(p, row, lane) : p.lse[row];
       // A head whose LSE is not finite (NaN, or -inf: nothing attended) adds nothing.
       if (!isfinite(l)) continue;
-      const float* page_lse = p.page_lse + attention::PageLseIndex(p, first, pages, kv, 0, h);
+      const float* page_lse =
+          p.page_lse + attention::PageLseIndex(p, first, pages, kv, 0, h);
 #pragma unroll
       for (int r = 0; r < kWeightRounds; ++r) {
         const float x = page_lse[static_cast<int64_t>(page[r]) * group];
@@ -61,12 +97,40 @@ __global__ void __launch_bounds__(kWeightWarps * 32, 8) PageWeightKernel(const P
   if (e >= kWeightEntries || block_page + e >= pages) return;
   float most = 0.f;
 #pragma unroll
-  for (int w = 0; w < kWeightWarps; ++w) most = fmaxf(most, warp_weight[w][e]);
+  for (int w = 0; w < kWarps; ++w) most = fmaxf(most, warp_weight[w][e]);
   most = fminf(most, 1.f);  // rounding may exceed 1 for a page that holds all the weight
   if (most > 0.f) {
     atomicMax(reinterpret_cast<int*>(p.page_weight + first + block_page + e),
               __float_as_int(most));
   }
+}
+
+// Launch not split. Block (x, b): weights block x of sequence b.
+__global__ void __launch_bounds__(kWeightWarps * 32, 8) PageWeightKernel(const PagedDecodeParams p) {
+  WaitForPriorKernels();  // the page LSEs and the final LSEs (LaunchDependent)
+  TriggerDependents();
+  WeighEntries<kWeightWarps, false>(p, blockIdx.x, blockIdx.y);
+}
+
+// Split launch. Block i < m.rows merges row i; block m.rows + y * x_blocks + x is weights block
+// x of sequence y.
+__global__ void __launch_bounds__(kMergeWarps * 32, 4)
+    MergeAndWeighKernel(const MergeStatesParams m, const PagedDecodeParams p, int x_blocks) {
+  WaitForPriorKernels();  // the partial states and the page LSEs (LaunchDependent)
+  TriggerDependents();
+  const int64_t i = blockIdx.x;
+  if (i < m.rows) {
+    attention::MergeRow<kMergeWarps * 32>(m, i);
+  } else {
+    const int w = static_cast<int>(i - m.rows);
+    WeighEntries<kMergeWarps, true>(p, w % x_blocks, w / x_blocks);
+  }
+}
+
+// Weights blocks per sequence: enough for num_splits * pages_per_split pages.
+int WeightBlocks(const PagedDecodeParams& p) {
+  const int64_t most_pages = static_cast<int64_t>(p.num_splits) * p.pages_per_split;
+  return static_cast<int>((most_pages + kWeightEntries - 1) / kWeightEntries);
 }
 
 }  // namespace
@@ -76,12 +140,26 @@ int64_t PageLseFloats(int64_t entries, int32_t num_q_heads) {
 }
 
 cudaError_t LaunchPageWeights(const PagedDecodeParams& p, cudaStream_t stream) {
-  if (p.page_weight == nullptr || p.page_lse == nullptr) return cudaErrorInvalidValue;
+  if (p.page_weight == nullptr || p.page_lse == nullptr || p.num_splits != 1) {
+    return cudaErrorInvalidValue;
+  }
   if (p.batch == 0) return cudaSuccess;
-  const int64_t most_pages = static_cast<int64_t>(p.num_splits) * p.pages_per_split;
-  const dim3 grid(static_cast<unsigned>((most_pages + kWeightEntries - 1) / kWeightEntries),
-                  static_cast<unsigned>(p.batch));
+  const dim3 grid(static_cast<unsigned>(WeightBlocks(p)), static_cast<unsigned>(p.batch));
   return LaunchDependent(PageWeightKernel, grid, dim3(kWeightWarps * 32), 0, stream, p);
+}
+
+cudaError_t LaunchMergeAndPageWeights(const MergeStatesParams& m, const PagedDecodeParams& p,
+                                      cudaStream_t stream) {
+  if (p.page_weight == nullptr || p.page_lse == nullptr || p.num_splits < 2 ||
+      p.workspace == nullptr || m.rows != static_cast<int64_t>(p.batch) * p.num_q_heads) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.batch == 0) return cudaSuccess;
+  const int x_blocks = WeightBlocks(p);
+  const int64_t blocks = m.rows + static_cast<int64_t>(x_blocks) * p.batch;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  return LaunchDependent(MergeAndWeighKernel, dim3(static_cast<unsigned>(blocks)),
+                         dim3(kMergeWarps * 32), 0, stream, m, p, x_blocks);
 }
 
 }  // namespace kvtier::gpu

@@ -1,9 +1,10 @@
 // The page weights of kvtier's decode kernel (PagedDecodeParams::page_weight, docs/attention.md),
 // in two steps: while it attends a page, each warp of PagedDecodeKernel stores the log-sum-exp
 // of the page's logits for each query head of its group (StorePageLse); once every head's LSE is
-// final (after the split merge), LaunchPageWeights turns them into exp(page LSE - LSE) and keeps
-// each page's largest over its heads. The split-KV blocks never see a head's final LSE, hence
-// the page LSEs in between.
+// final, weights blocks turn them into exp(page LSE - LSE) and keep each page's largest over its
+// heads: a kernel of their own after a launch that is not split (LaunchPageWeights), blocks
+// beside the split merge's in one grid after a split one (LaunchMergeAndPageWeights). The
+// split-KV blocks never see a head's final LSE, hence the page LSEs in between.
 //
 // The page LSEs (log2 units) of a sequence lie KV head by KV head, page by page, each page's
 // query heads side by side (PageLseIndex): the pages a block attends are one range that only its
@@ -82,9 +83,17 @@ __device__ __forceinline__ void StorePageLse(PageLseStore& out, const DecodeBloc
 }  // namespace attention
 
 // Enqueues the kernel that turns p.page_lse and the final p.lse into p.page_weight (max-
-// accumulated). REQUIRES: p.page_weight and p.page_lse set; num_splits * pages_per_split is at
-// least every sequence's page count.
+// accumulated), for a launch that is not split. REQUIRES: p.page_weight and p.page_lse set;
+// num_splits 1, pages_per_split at least every sequence's page count.
 cudaError_t LaunchPageWeights(const PagedDecodeParams& p, cudaStream_t stream);
+
+// Enqueues, for a split launch, the merge m of its partial states (as LaunchMergeStates) and,
+// in the same grid, the weights blocks, which merge the final LSEs they need from the partial
+// ones in p.workspace themselves. REQUIRES: p.page_weight and p.page_lse set; m merges p's
+// splits (m.rows = p.batch * p.num_q_heads); num_splits * pages_per_split is at least every
+// sequence's page count.
+cudaError_t LaunchMergeAndPageWeights(const MergeStatesParams& m, const PagedDecodeParams& p,
+                                      cudaStream_t stream);
 
 }  // namespace kvtier::gpu
 

@@ -540,6 +540,22 @@ TEST(DecodeAttentionTest, PageWeightsMatchTheReference) {
   }
 }
 
+// A batch large enough to fill the GPU without splitting (80 sequences x 8 KV heads): the
+// weights kernel after the attention (a split launch weighs its pages in the merge's grid).
+TEST(DecodeAttentionTest, PageWeightsUnsplit) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(41);
+  auto pair =
+      CachePair::Create(PaletteOptions(Geometry{2, 8, 128, 16}, Palettes()[1], 512)).value();
+  std::vector<int64_t> lengths(80);
+  for (size_t i = 0; i < lengths.size(); ++i) lengths[i] = 1 + static_cast<int64_t>(i * 37 % 700);
+  const std::vector<SequenceId> seqs = Fill(*pair, lengths, &rng);
+  for (int group : {4, 8}) {
+    EXPECT_EQ(ComparePageWeights(*pair, seqs, group, &rng, /*nan_heads=*/group == 8), "")
+        << "group " << group;
+  }
+}
+
 // Batch 1 and 2 at long context, the policy's shape: split-KV (page LSEs from many splits,
 // weights after the merge).
 TEST(DecodeAttentionTest, PageWeightsSplitKv) {
