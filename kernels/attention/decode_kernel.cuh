@@ -98,7 +98,7 @@ __device__ __forceinline__ StagedPage OpenPage(const PagedDecodeParams& p, const
   const uint32_t format = entry >> kPackedFormatShift;
   pg.plan = &p.plans[format];
   pg.kinds = pg.plan->kinds;
-  pg.page = r.ring + slot * p.stage_bytes;
+  pg.page = r.ring + static_cast<uint32_t>(slot * p.stage_bytes);  // no sign extension
   pg.v_side = pg.page + pg.plan->v_at;
   pg.valid =
       min(kDecodeBlockTokens, k.seq_len - (r.first + i * kWarps) * kDecodeBlockTokens);

@@ -24,6 +24,7 @@ namespace kvtier::gpu::attention {
 constexpr int kShallowStages = 3;
 constexpr int kDeepStages = 5;
 
+// The staged bytes of a side's 16 token rows, as a compile-time constant (DispatchRows).
 template <uint32_t kRows>
 using Rows = std::integral_constant<uint32_t, kRows>;
 
