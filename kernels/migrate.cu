@@ -179,16 +179,19 @@ __device__ __forceinline__ float StoreBlockScale(const PageLayout& dl, const Til
 // ---- Fast path over a cached tile: FP8 or NVFP4 (along head_dim) per (block, head) ----
 
 // Returns false, having written nothing, when the tile holds a NaN or an Inf.
-template <SrcKind kSrc>
+// REQUIRES: the tile has at most 32 x kCachedGroups groups; exactly that many with kFull (the
+// 16 x 128 tiles of the usual geometry: no group is checked against the tile's end).
+template <SrcKind kSrc, bool kFull>
 __device__ __forceinline__ bool CachedBlockTile(const PageLayout& sl, const PageLayout& dl,
-                                                const Tile& t, int lane,
-                                                const TileCache<kSrc>& cache) {
-  const int groups = TileGroups(sl);
+                                                const Tile& t, int lane) {
+  TileCache<kSrc> cache;
+  cache.template Load<kFull>(sl, t, lane);
+  const int groups = kFull ? 32 * kCachedGroups : TileGroups(sl);
   float micro[kCachedGroups];
   float amax = 0.f;
 #pragma unroll
   for (int k = 0; k < kCachedGroups; ++k) {
-    micro[k] = lane + 32 * k < groups ? cache.group[k].AbsMax(t) : 0.f;
+    micro[k] = kFull || lane + 32 * k < groups ? cache.group[k].AbsMax(t) : 0.f;
     amax = MaxAbsNan(amax, micro[k]);
   }
   if (AnyNonFinite(amax)) return false;
@@ -199,7 +202,7 @@ __device__ __forceinline__ bool CachedBlockTile(const PageLayout& sl, const Page
 #pragma unroll
   for (int k = 0; k < kCachedGroups; ++k) {
     const uint32_t g = lane + 32 * k;
-    if (g < static_cast<uint32_t>(groups)) {
+    if (kFull || g < static_cast<uint32_t>(groups)) {
       float x[16];
       cache.group[k].Get(t, x);
       if (nvfp4) {
@@ -343,10 +346,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm)
     switch (KindOf(Side(p.dst, t))) {
       case DstKind::kFp8Block:
       case DstKind::kNvfp4Block:
-        if (TileGroups(p.src) <= 32 * kCachedGroups) {
-          TileCache<kSrc> cache;
-          cache.Load(p.src, t, lane);
-          if (CachedBlockTile<kSrc>(p.src, p.dst, t, lane, cache)) return;
+        if (TileGroups(p.src) == 32 * kCachedGroups) {
+          if (CachedBlockTile<kSrc, true>(p.src, p.dst, t, lane)) return;
+        } else if (TileGroups(p.src) < 32 * kCachedGroups) {
+          if (CachedBlockTile<kSrc, false>(p.src, p.dst, t, lane)) return;
         } else if (StreamBlockTile<true, kSrc16>(p.src, p.dst, t, lane)) {
           return;
         }

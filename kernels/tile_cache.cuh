@@ -83,8 +83,9 @@ __device__ __forceinline__ uint32_t FloatSignNibbles(const float* x) {
 }
 
 // ---- Groups kept in registers (fast paths) ----
-// Each is loaded by Load(l, t, rows, g, token): group g of the tile, rows = TileRows(l, t, t.src),
-// token = g's token where kNeedsToken (or the source's scales are per (token, head)), else 0.
+// Each is loaded by Load(l, t, rows, g, token, s): group g of the tile, rows = TileRows(l, t,
+// t.src), token = g's token where kNeedsToken or the source's scales are per (token, head) (else
+// 0), s = RowScale of that token (DecodeRow's scale; E4M3 sources use it).
 // Each gives: Get, the 16 values; Signs, their sign bits as FastPackE2M1x8 takes them; AbsMax,
 // their largest magnitude, NaN or +Inf where the fast forms must not be used.
 
@@ -94,7 +95,7 @@ struct CachedGroup {
   static constexpr bool kNeedsToken = true;
   float v[16];
   __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, const uint8_t*, int g,
-                                       int token) {
+                                       int token, float) {
     const int d0 = g * kMicroBlock - token * l.head_dim;
     LoadGroup<true>(l, Side(l, t), t.src, t.head, token, d0, t.src_scale, v);
   }
@@ -131,7 +132,7 @@ struct CachedGroup<SrcKind::k16> {
   static constexpr bool kNeedsToken = false;
   uint4 a, b;
   __device__ __forceinline__ void Load(const PageLayout&, const Tile&, const uint8_t* rows, int g,
-                                       int) {
+                                       int, float) {
     const uint8_t* group = rows + static_cast<uint32_t>(g) * 32;
     a = *reinterpret_cast<const uint4*>(group);
     b = *reinterpret_cast<const uint4*>(group + 16);
@@ -170,10 +171,10 @@ struct CachedGroup<SrcKind::kE4M3> {
   static constexpr bool kNeedsToken = false;
   uint4 q;
   float s;
-  __device__ __forceinline__ void Load(const PageLayout& l, const Tile& t, const uint8_t* rows,
-                                       int g, int token) {
+  __device__ __forceinline__ void Load(const PageLayout&, const Tile&, const uint8_t* rows, int g,
+                                       int, float row_scale) {
     q = *reinterpret_cast<const uint4*>(rows + static_cast<uint32_t>(g) * 16);
-    s = RowScale(l, Side(l, t), t.src, t.head, token, t.src_scale);
+    s = row_scale;
   }
   __device__ __forceinline__ void Get(const Tile&, float x[16]) const {
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
@@ -206,23 +207,30 @@ template <SrcKind kSrc>
 struct TileCache {
   CachedGroup<kSrc> group[kCachedGroups];
 
+  // kFull: the tile has exactly 32 x kCachedGroups groups (no lane has fewer).
+  template <bool kFull>
   __device__ __forceinline__ void Load(const PageLayout& sl, const Tile& t, int lane) {
-    const int groups = TileGroups(sl);
+    const int groups = kFull ? 32 * kCachedGroups : TileGroups(sl);
     const uint8_t* rows = TileRows(sl, t, t.src);
+    const CodecLayout& c = Side(sl, t);
     // E4M3 rows may have a scale per (token, head).
     if (CachedGroup<kSrc>::kNeedsToken ||
-        (kSrc == SrcKind::kE4M3 && Side(sl, t).scope == ScaleScope::kTokenHead)) {
+        (kSrc == SrcKind::kE4M3 && c.scope == ScaleScope::kTokenHead)) {
       const GroupIndex gi(sl);  // a warp-uniform branch: one division per tile
 #pragma unroll
       for (int k = 0; k < kCachedGroups; ++k) {
         const int g = lane + 32 * k;
-        if (g < groups) group[k].Load(sl, t, rows, g, gi.Token(g));
+        const int token = gi.Token(g);
+        if (kFull || g < groups) {
+          group[k].Load(sl, t, rows, g, token, RowScale(sl, c, t.src, t.head, token, t.src_scale));
+        }
       }
     } else {
+      const float s = RowScale(sl, c, t.src, t.head, 0, t.src_scale);  // the tile's
 #pragma unroll
       for (int k = 0; k < kCachedGroups; ++k) {
         const int g = lane + 32 * k;
-        if (g < groups) group[k].Load(sl, t, rows, g, 0);
+        if (kFull || g < groups) group[k].Load(sl, t, rows, g, 0, s);
       }
     }
   }
