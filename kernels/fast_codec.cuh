@@ -57,11 +57,20 @@ __device__ __forceinline__ float FastE4M3ToFloat(uint32_t code) {
   return __half2float(__half(h));
 }
 
-// The two E4M3 codes in the low 16 bits of `codes` (.x: the low byte) as floats.
+// The two E4M3 codes in 16-bit half kHalf of `codes` (0: the low half; .x: the lower byte) as
+// floats. The conversion reads either half in place (no shift).
+template <int kHalf>
 __device__ __forceinline__ float2 FastE4M3x2ToFloat2(uint32_t codes) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
-  return __half22float2(__half2(h));
+  static_assert(kHalf == 0 || kHalf == 1);
+  uint32_t h;
+  if (kHalf == 0) {
+    asm("{.reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;}"
+        : "=r"(h) : "r"(codes));
+  } else {
+    asm("{.reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;}"
+        : "=r"(h) : "r"(codes));
+  }
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
 // The E2M1 code of |x| plus kE2M1Bias (2^23 as float bits). REQUIRES: x is not NaN.

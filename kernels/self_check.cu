@@ -52,11 +52,13 @@ __global__ void SelfCheckKernel(unsigned long long* counts, unsigned int* first)
     }
     // Pairs of non-NaN codes (u < 2^16), each code alone (u < 2^8).
     if (u < 0x10000u && (u & 0x7Fu) != 0x7Fu && ((u >> 8) & 0x7Fu) != 0x7Fu) {
-      const float2 got = FastE4M3x2ToFloat2(u);
+      const float2 got = FastE4M3x2ToFloat2<0>(u), got_high = FastE4M3x2ToFloat2<1>(u << 16);
       const float lo = codec::E4M3ToFloat(static_cast<uint8_t>(u));
       const float hi = codec::E4M3ToFloat(static_cast<uint8_t>(u >> 8));
       if (__float_as_uint(got.x) != __float_as_uint(lo) ||
           __float_as_uint(got.y) != __float_as_uint(hi) ||
+          __float_as_uint(got_high.x) != __float_as_uint(lo) ||
+          __float_as_uint(got_high.y) != __float_as_uint(hi) ||
           (u < 0x100u && __float_as_uint(FastE4M3ToFloat(u)) != __float_as_uint(lo))) {
         Mismatch(counts, first, 3, u);
       }

@@ -179,10 +179,12 @@ struct CachedGroup<SrcKind::kE4M3> {
   __device__ __forceinline__ void Get(const Tile&, float x[16]) const {
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float2 f = FastE4M3x2ToFloat2(i % 2 == 0 ? w[i / 2] : w[i / 2] >> 16);
-      x[2 * i] = f.x * s;
-      x[2 * i + 1] = f.y * s;
+    for (int i = 0; i < 4; ++i) {
+      const float2 lo = FastE4M3x2ToFloat2<0>(w[i]), hi = FastE4M3x2ToFloat2<1>(w[i]);
+      x[4 * i] = lo.x * s;
+      x[4 * i + 1] = lo.y * s;
+      x[4 * i + 2] = hi.x * s;
+      x[4 * i + 3] = hi.y * s;
     }
   }
   __device__ __forceinline__ float AbsMax(const Tile&) const {
@@ -195,7 +197,7 @@ struct CachedGroup<SrcKind::kE4M3> {
     m = __vimax3_u16x2(q.x & kEven, q.y & kEven, m);
     m = __vmaxu2(m, __byte_perm(m, 0, 0x1032));  // the largest code in both lanes
     const bool valid = m < 0x007F007Fu && __float_as_uint(s) < 0x7F800000u;
-    return valid ? FastE4M3x2ToFloat2(m).x * s : __uint_as_float(0x7FFFFFFFu);
+    return valid ? FastE4M3x2ToFloat2<0>(m).x * s : __uint_as_float(0x7FFFFFFFu);
   }
   __device__ __forceinline__ uint32_t Signs(const Tile&, int h) const {
     return h == 0 ? SignNibbles8(q.x, q.y) : SignNibbles8(q.z, q.w);

@@ -17,9 +17,10 @@
 //     zeroes them before each call), as a cache with rotated keys runs it (`..._rotated`), and
 //     both (`..._rotated_page_weight`), in the same run; batch 1 x 1K and 8K also 32 calls back
 //     to back (`..._back_to_back`).
-// Usage: kvtier_gpu_bench OUT.json [--decode-only | --only CASE BATCH CONTEXT]
-//   --decode-only skips migration and append; --only times one decode shape and the read roof
-//   alone (for profilers), e.g. `--only fp8_e4m3_block_head 64 8192`.
+// Usage: kvtier_gpu_bench OUT.json [--decode-only | --data-plane-only | --only CASE BATCH CONTEXT]
+//   --decode-only skips migration and append; --data-plane-only runs the copy roof, migration
+//   and append alone; --only times one decode shape and the read roof alone (for profilers),
+//   e.g. `--only fp8_e4m3_block_head 64 8192`.
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
@@ -655,9 +656,12 @@ void RunDataPlane(cudaStream_t stream, CudaBackend* backend, std::vector<Result>
 
 int Main(int argc, char** argv) {
   const bool decode_only = argc == 3 && std::string(argv[2]) == "--decode-only";
+  const bool data_plane_only = argc == 3 && std::string(argv[2]) == "--data-plane-only";
   const bool only = argc == 6 && std::string(argv[2]) == "--only";
-  if (argc != 2 && !decode_only && !only) {
-    std::fprintf(stderr, "usage: %s OUT.json [--decode-only | --only CASE BATCH CONTEXT]\n", argv[0]);
+  if (argc != 2 && !decode_only && !data_plane_only && !only) {
+    std::fprintf(stderr,
+                 "usage: %s OUT.json [--decode-only | --data-plane-only | --only CASE BATCH CONTEXT]\n",
+                 argv[0]);
     return 2;
   }
   absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create();
@@ -674,7 +678,8 @@ int Main(int argc, char** argv) {
   std::vector<Result> roof_runs, migrations, appends, read_runs, decodes;
   const double roof = only ? 0 : CopyRoof(stream, &roof_runs);
   if (!decode_only && !only) RunDataPlane(stream, backend->get(), &migrations, &appends);
-  const double read_roof = ReadRoof(stream, prop.multiProcessorCount, &read_runs);
+  const double read_roof =
+      data_plane_only ? 0 : ReadRoof(stream, prop.multiProcessorCount, &read_runs);
   const std::vector<DecodeCase> cases = {
       {"fp16", {"fp16"}, [](int64_t, int64_t) { return 0; }},
       {"fp8_e4m3_block_head", {"fp8_e4m3/block_head"}, [](int64_t, int64_t) { return 0; }},
@@ -685,6 +690,7 @@ int Main(int argc, char** argv) {
   };
   std::vector<int> batches = {1, 8, 64, 256};
   std::vector<int64_t> contexts = {1024, 8192, 32768, 131072};
+  if (data_plane_only) batches.clear();
   if (only) {
     batches = {std::atoi(argv[4])};
     contexts = {std::atoll(argv[5])};
