@@ -227,7 +227,8 @@ __device__ __forceinline__ bool StreamBlockTile(const PageLayout& sl, const Page
   float amax = 0.f;
   for (int g = lane; g < gi.groups; g += 32) {
     const int token = gi.Token(g);
-    LoadGroup<kFast, kSrc16>(sl, Side(sl, t), t.src, t.head, token, gi.Dim(g, token), t.src_scale, x);
+    LoadGroup<kFast, kSrc16>(sl, Side(sl, t), t.src, t.head, token, gi.Dim(g, token),
+                             t.src_scale, x);
 #pragma unroll
     for (int i = 0; i < 16; ++i) amax = AmaxStepOf<kFast>(amax, x[i]);
   }
@@ -238,7 +239,8 @@ __device__ __forceinline__ bool StreamBlockTile(const PageLayout& sl, const Page
   uint8_t* const micro_scales = TileMicroScales(dl, t);
   for (int g = lane; g < gi.groups; g += 32) {
     const int token = gi.Token(g);
-    LoadGroup<kFast, kSrc16>(sl, Side(sl, t), t.src, t.head, token, gi.Dim(g, token), t.src_scale, x);
+    LoadGroup<kFast, kSrc16>(sl, Side(sl, t), t.src, t.head, token, gi.Dim(g, token),
+                             t.src_scale, x);
     if (nvfp4) {
       float micro = 0.f;
 #pragma unroll
@@ -264,7 +266,8 @@ __device__ __forceinline__ bool Nvfp4ChannelTile(const PageLayout& sl, const Pag
   for (int g = lane; g < gi.groups; g += 32) {
     float x[16];
     const int token = gi.Token(g);
-    LoadGroup<kFast, kSrc16>(sl, Side(sl, t), t.src, t.head, token, gi.Dim(g, token), t.src_scale, x);
+    LoadGroup<kFast, kSrc16>(sl, Side(sl, t), t.src, t.head, token, gi.Dim(g, token),
+                             t.src_scale, x);
 #pragma unroll
     for (int i = 0; i < 16; ++i) amax = AmaxStepOf<kFast>(amax, x[i]);
   }
@@ -280,7 +283,8 @@ __device__ __forceinline__ bool Nvfp4ChannelTile(const PageLayout& sl, const Pag
 #pragma unroll
     for (int i = 0; i < kMicroBlock; ++i) {
       x0[i] = LoadElement<kFast, kSrc16>(sl, Side(sl, t), t.src, t.head, t0 + i, d, t.src_scale);
-      x1[i] = LoadElement<kFast, kSrc16>(sl, Side(sl, t), t.src, t.head, t0 + i, d + 1, t.src_scale);
+      x1[i] =
+          LoadElement<kFast, kSrc16>(sl, Side(sl, t), t.src, t.head, t0 + i, d + 1, t.src_scale);
       a0 = AmaxStepOf<kFast>(a0, x0[i]);
       a1 = AmaxStepOf<kFast>(a1, x1[i]);
     }
