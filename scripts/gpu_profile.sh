@@ -4,6 +4,11 @@
 # (SASS) stall samples. Writes under $OUT (default ./gpu-out): <case>.txt (sections) and
 # <case>_sass.csv (source page). Usage: scripts/gpu_profile.sh [BATCH CONTEXT] (default 64 8192)
 #   run(command="bash scripts/gpu_profile.sh", carry=["bundle"])
+# PROFILE_SKIP (default 5) picks the decode launch profiled. At batch 64 x 32K and batch 1 x 128K
+# the bench times each variant in turn (plain, page weights, page weights zeroed, rotated, rotated
+# with page weights), each 3 warm-up launches and 10 timed ones when the row reads over 4 GB (30
+# otherwise): for FP8 at 64 x 32K (4.3 GB), PROFILE_SKIP=18 profiles the page-weight variant and
+# 44 the rotated one; for NVFP4 (2.4 GB), 38 and 104.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-out}
@@ -14,8 +19,9 @@ context=${2:-8192}
 for case in ${PROFILE_CASES:-fp16 fp8_e4m3_block_head nvfp4_block_head}; do
   rep=/tmp/decode_$case
   timeout 240 ncu --clock-control none --set full --import-source yes \
-    --kernel-name regex:PagedDecode --launch-skip 5 --launch-count 1 -f -o "$rep" \
-    bundle/kvtier_gpu_bench /tmp/profile.json --only "$case" "$batch" "$context" >"$out/${case}_run.log" 2>&1
+    --kernel-name regex:PagedDecode --launch-skip "${PROFILE_SKIP:-5}" --launch-count 1 \
+    -f -o "$rep" bundle/kvtier_gpu_bench /tmp/profile.json --only "$case" "$batch" "$context" \
+    >"$out/${case}_run.log" 2>&1
   echo "$case: rc=$?"
   ncu -i "$rep.ncu-rep" --page details >"$out/$case.txt" 2>&1
   ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$out/${case}_sass.csv" 2>&1
