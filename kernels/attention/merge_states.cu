@@ -12,7 +12,7 @@
 namespace kvtier::gpu {
 namespace {
 
-constexpr int kMergeThreads = 128;  // as the split merge with page weights (page_weight.cu)
+using attention::kMergeThreads;
 
 __global__ void __launch_bounds__(kMergeThreads) MergeStatesKernel(const MergeStatesParams p) {
   WaitForPriorKernels();  // the parts (LaunchDependent)

@@ -14,6 +14,9 @@
 
 namespace kvtier::gpu::attention {
 
+// Threads of a merge block. MergeStatesKernel and the split merge with page weights
+// (page_weight.cu) both merge rows with this many, so that their outputs have the same bits.
+constexpr int kMergeThreads = 128;
 constexpr int kMergeChunk = 256;  // parts whose weights are in shared memory at a time
 
 // Max (kMax) or sum of x over the block's kThreads threads, in every thread.

@@ -26,9 +26,9 @@ namespace {
 constexpr int kWeightRounds = 4;                    // entries per lane
 constexpr int kWeightEntries = 32 * kWeightRounds;  // per block
 // Warps of a weights block: of the kernel after a launch that is not split, and of the merge's
-// grid (whose rows are merged by 4 warps, as MergeStatesKernel: the same bits).
+// grid (as many as a merge block's).
 constexpr int kWeightWarps = 8;
-constexpr int kMergeWarps = 4;
+constexpr int kMergeWarps = attention::kMergeThreads / 32;
 static_assert(kWeightEntries <= kMergeWarps * 32, "a thread per entry in the block's reduction");
 using attention::kLog2e;
 
@@ -81,8 +81,7 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
       const float l = kSplit ? SplitLse(p, row, lane) : p.lse[row];
       // A head whose LSE is not finite (NaN, or -inf: nothing attended) adds nothing.
       if (!isfinite(l)) continue;
-      const float* page_lse =
-          p.page_lse + attention::PageLseIndex(p, first, pages, kv, 0, h);
+      const float* page_lse = p.page_lse + attention::PageLseIndex(p, first, pages, kv, 0, h);
 #pragma unroll
       for (int r = 0; r < kWeightRounds; ++r) {
         const float x = page_lse[static_cast<int64_t>(page[r]) * group];
@@ -106,7 +105,8 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
 }
 
 // Launch not split. Block (x, b): weights block x of sequence b.
-__global__ void __launch_bounds__(kWeightWarps * 32, 8) PageWeightKernel(const PagedDecodeParams p) {
+__global__ void __launch_bounds__(kWeightWarps * 32, 8)
+    PageWeightKernel(const PagedDecodeParams p) {
   WaitForPriorKernels();  // the page LSEs and the final LSEs (LaunchDependent)
   TriggerDependents();
   WeighEntries<kWeightWarps, false>(p, blockIdx.x, blockIdx.y);
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32, 4)
   TriggerDependents();
   const int64_t i = blockIdx.x;
   if (i < m.rows) {
-    attention::MergeRow<kMergeWarps * 32>(m, i);
+    attention::MergeRow<attention::kMergeThreads>(m, i);
   } else {
     const int w = static_cast<int>(i - m.rows);
     WeighEntries<kMergeWarps, true>(p, w % x_blocks, w / x_blocks);

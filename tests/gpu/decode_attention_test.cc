@@ -557,7 +557,7 @@ TEST(DecodeAttentionTest, PageWeightsUnsplit) {
 }
 
 // Batch 1 and 2 at long context, the policy's shape: split-KV (page LSEs from many splits,
-// weights after the merge).
+// weights in the merge's grid).
 TEST(DecodeAttentionTest, PageWeightsSplitKv) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(37);
