@@ -224,8 +224,8 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
   InitState<kTiles>(m_run, l_run, o);
 
   PageRing ring = RingOf<kStages>(p, smem, k);
-  PageLseStore page_lse{};
-  if constexpr (kPageWeights) page_lse = PageLseStoreOf(p, k, ring.first);
+  PageLseStore<kTiles> page_lse{};
+  if constexpr (kPageWeights) page_lse = PageLseStoreOf<kTiles>(p, k, ring.first);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) ring.Stage(p, k.kv_head, i, i);
   for (int i = 0, slot = 0; i < ring.count; ++i, slot = slot == kStages - 1 ? 0 : slot + 1) {
@@ -235,10 +235,9 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     const StagedPage pg = OpenPage(p, ring, k, i, slot);
     float s[kTiles][4];
     ComputeLogits<kTiles>(pg, k.g, k.c, qb, s);
-    uint32_t pb[kTiles][2];
-    float page_sum[2 * kTiles];
-    OnlineSoftmax<kTiles>(p, pg, k.g, s, m_run, l_run, unit, inv_unit, o, pb, page_sum);
-    if constexpr (kPageWeights) StorePageLse<kTiles>(page_lse, k, m_run, page_sum);
+    uint32_t pb[kTiles][2], pu[kTiles][2];
+    OnlineSoftmax<kTiles>(p, pg, k.g, s, m_run, l_run, unit, inv_unit, o, pb, pu);
+    if constexpr (kPageWeights) StorePageLse<kTiles>(page_lse, m_run, pu);
     AccumulateValues<kTiles>(pg, k.g, k.c, pb, o);
     __syncwarp();  // the buffer is refilled by the next iteration's Stage()
   }

@@ -244,29 +244,29 @@ __device__ __forceinline__ void Rescale(bool rescale, const float (&vs)[2],
 }
 
 // Softmax, 3: P^T (the B operand of O^T = V^T P^T), the probabilities times V scale / unit in
-// FP16, and the running sums; page_sum gets this lane's share of the page's sum for each head
-// (relative to m_run; unused, and so compiled away, unless page weights are kept).
+// FP16, and the running sums; pu gets P^T without the V scales (relative to m_run; for the page
+// weights' sums, unused, and so compiled away, unless page weights are kept).
 template <int kTiles>
 __device__ __forceinline__ void Probabilities(const float (&vs)[2], const float (&s)[kTiles][4],
                                               const float (&m_run)[2 * kTiles],
                                               float (&l_run)[2 * kTiles], float inv_unit,
                                               uint32_t (&pb)[kTiles][2],
-                                              float (&page_sum)[2 * kTiles]) {
+                                              uint32_t (&pu)[kTiles][2]) {
   const float r0 = vs[0] * inv_unit, r1 = vs[1] * inv_unit;
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
     const float e0 = Exp2(s[t][0] - m_run[2 * t]), e1 = Exp2(s[t][1] - m_run[2 * t + 1]);
     const float e2 = Exp2(s[t][2] - m_run[2 * t]), e3 = Exp2(s[t][3] - m_run[2 * t + 1]);
-    page_sum[2 * t] = e0 + e2;
-    page_sum[2 * t + 1] = e1 + e3;
-    l_run[2 * t] += page_sum[2 * t];
-    l_run[2 * t + 1] += page_sum[2 * t + 1];
+    l_run[2 * t] += e0 + e2;
+    l_run[2 * t + 1] += e1 + e3;
     pb[t][0] = Transpose8x8(PackHalf2(e0 * r0, e1 * r0));
     pb[t][1] = Transpose8x8(PackHalf2(e2 * r1, e3 * r1));
+    pu[t][0] = Transpose8x8(PackHalf2(e0, e1));
+    pu[t][1] = Transpose8x8(PackHalf2(e2, e3));
   }
 }
 
-// Softmax: the page's logits s to P^T, updating the warp's state (InitState); page_sum as
+// Softmax: the page's logits s to P^T, updating the warp's state (InitState); pu as
 // Probabilities.
 template <int kTiles>
 __device__ __forceinline__ void OnlineSoftmax(const PagedDecodeParams& p, const StagedPage& pg,
@@ -275,11 +275,11 @@ __device__ __forceinline__ void OnlineSoftmax(const PagedDecodeParams& p, const 
                                               float (&l_run)[2 * kTiles], float& unit,
                                               float& inv_unit, float (&o)[kTiles][8][4],
                                               uint32_t (&pb)[kTiles][2],
-                                              float (&page_sum)[2 * kTiles]) {
+                                              uint32_t (&pu)[kTiles][2]) {
   float vs[2];
   const bool rescale = ScaleLogits<kTiles>(p, pg, g, m_run, s, vs);
   Rescale<kTiles>(rescale, vs, s, m_run, l_run, unit, inv_unit, o);
-  Probabilities<kTiles>(vs, s, m_run, l_run, inv_unit, pb, page_sum);
+  Probabilities<kTiles>(vs, s, m_run, l_run, inv_unit, pb, pu);
 }
 
 // PV of one side kind: quarter i of the values (dims 16g + 4i..4i+3 of both token pairs)

@@ -1,6 +1,6 @@
-// The decode kernel's warp-level matrix primitives (kernels/attention/): the m16n8k16
-// tensor-core product (FP16 in, FP32 accumulate) and the 8x8 FP16 transpose that turns S^T's
-// accumulators into P^T's B fragments.
+// The decode kernel's warp-level matrix primitives (kernels/attention/): the m16n8k16 and
+// m16n8k8 tensor-core products (FP16 in, FP32 accumulate) and the 8x8 FP16 transpose that turns
+// S^T's accumulators into P^T's B fragments.
 #ifndef KVTIER_KERNELS_ATTENTION_MMA_CUH_
 #define KVTIER_KERNELS_ATTENTION_MMA_CUH_
 
@@ -14,6 +14,14 @@ __device__ __forceinline__ void Mma(float c[4], const uint32_t a[4], uint32_t b0
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += A B for A [16 x 8] (row-major fragments a) and B [8 x 8] (column fragment b).
+__device__ __forceinline__ void Mma(float c[4], const uint32_t a[2], uint32_t b) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b));
 }
 
 // The 8x8 FP16 matrix held as one pair per lane (row lane / 4, columns 2 (lane % 4) + {0, 1}),

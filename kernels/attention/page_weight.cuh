@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/attention/decode_stages.cuh"
+#include "kernels/attention/mma.cuh"
 #include "kernels/decode_attention.cuh"
 
 namespace kvtier::gpu {
@@ -40,41 +41,60 @@ __device__ __forceinline__ int64_t PageLseIndex(const PagedDecodeParams& p, int6
   return first_entry * p.num_q_heads + (static_cast<int64_t>(kv_head) * pages + page) * group + h;
 }
 
-// Where a warp's page LSEs go: lane (g, c) ends StorePageLse with the sum of query head
-// 8t + 2c + (g >= 4 ? 1 : 0) of its group, and the lanes g = 0 and g = 4 store it.
+// Where a warp's page LSEs go. Lane (g, c) holds the running maxima of heads 8t + 2c and
+// 8t + 2c + 1 (as StoreWarpState); the lanes g = 0 store those heads' page LSEs.
+template <int kTiles>
 struct PageLseStore {
-  float* next;  // this lane's head (tile 0) in the warp's next page
-  int stride;   // floats from one of the warp's pages to its next
+  float* next;              // head 2c (tile 0) of the warp's next page
+  int stride;               // floats from one of the warp's pages to its next
+  bool stores[2 * kTiles];  // whether this lane stores head 8t + 2c + h (index 2t + h)
 };
 
-__device__ __forceinline__ PageLseStore PageLseStoreOf(const PagedDecodeParams& p,
-                                                       const DecodeBlock& k, int first_page) {
-  const int head = 2 * k.c + (k.g >= 4 ? 1 : 0);
-  return {p.page_lse + PageLseIndex(p, k.first_entry, k.pages, k.kv_head, first_page, head),
-          kWarps * k.group};
+template <int kTiles>
+__device__ __forceinline__ PageLseStore<kTiles> PageLseStoreOf(const PagedDecodeParams& p,
+                                                               const DecodeBlock& k,
+                                                               int first_page) {
+  PageLseStore<kTiles> out;
+  out.next =
+      p.page_lse + PageLseIndex(p, k.first_entry, k.pages, k.kv_head, first_page, 2 * k.c);
+  out.stride = kWarps * k.group;
+#pragma unroll
+  for (int h = 0; h < 2 * kTiles; ++h) {
+    out.stores[h] = k.g == 0 && 8 * (h / 2) + 2 * k.c + h % 2 < k.group;
+  }
+  return out;
 }
 
-// Stores the page LSE of the warp's next page for each query head of its group, and moves `out`
-// to the page after: m_run (the heads' running maxima, equal across a column of lanes) plus log2
-// of page_sum (each lane's share of the page's sum relative to m_run, from Probabilities) summed
-// over the column. Lane (g, c) holds heads 8t + 2c and 8t + 2c + 1, as StoreWarpState; the
-// column's two sums take three shuffles: the lanes g < 4 and g >= 4 first swap halves, so that
-// the former end with head 8t + 2c's sum and the latter with head 8t + 2c + 1's.
+// Stores a float, marked for L2 to keep over other lines (evict_last): the weights blocks read
+// it back soon, and so it need not reach memory in between, where a decode reads at its roof.
+__device__ __forceinline__ void StoreKeptInL2(float* at, float x) {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;\n" ::"l"(at), "f"(x), "l"(policy)
+               : "memory");
+}
+
+// Stores the page LSEs of the warp's page for each query head of its group, from pu (the page's
+// P^T without V scales, relative to m_run: Probabilities), and moves `out` to the warp's page
+// after. A page's LSE is m_run plus log2 of the page's sum, which one product of a matrix of
+// ones and pu puts in every lane, for the heads of its m_run (no shuffles).
 // REQUIRES: every lane of the warp calls it.
 template <int kTiles>
-__device__ __forceinline__ void StorePageLse(PageLseStore& out, const DecodeBlock& k,
+__device__ __forceinline__ void StorePageLse(PageLseStore<kTiles>& out,
                                              const float (&m_run)[2 * kTiles],
-                                             const float (&page_sum)[2 * kTiles]) {
-  const bool odd = k.g >= 4;
+                                             const uint32_t (&pu)[kTiles][2]) {
+  constexpr uint32_t kOnes = 0x3C003C00u;  // two FP16 ones
+  const uint32_t ones[2] = {kOnes, kOnes};
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
-    const float even_sum = page_sum[2 * t], odd_sum = page_sum[2 * t + 1];
-    float sum = (odd ? odd_sum : even_sum) +
-                __shfl_xor_sync(0xFFFFFFFFu, odd ? even_sum : odd_sum, 16);
-    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 4);
-    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 8);
-    if ((k.g & 3) == 0 && 8 * t + 2 * k.c + (odd ? 1 : 0) < k.group) {
-      out.next[8 * t] = (odd ? m_run[2 * t + 1] : m_run[2 * t]) + Log2(sum);
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};  // rows g and g + 8 of (sums over tokens) x heads
+    Mma(sum, ones, pu[t][0]);             // tokens 0-7, then 8-15: two products of k = 8
+    Mma(sum, ones, pu[t][1]);             // take a pair of registers of ones, not four
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (out.stores[2 * t + h]) {
+        StoreKeptInL2(out.next + 8 * t + h, m_run[2 * t + h] + Log2(sum[h]));
+      }
     }
   }
   out.next += out.stride;
