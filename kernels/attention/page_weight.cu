@@ -84,8 +84,7 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
       const float* page_lse = p.page_lse + attention::PageLseIndex(p, first, pages, kv, 0, h);
 #pragma unroll
       for (int r = 0; r < kWeightRounds; ++r) {
-        // Read once, as streaming (evict-first): StorePageLse asked L2 to keep them till now.
-        const float x = __ldcs(page_lse + static_cast<int64_t>(page[r]) * group);
+        const float x = page_lse[static_cast<int64_t>(page[r]) * group];
         weight[r] = fmaxf(weight[r], exp2f(x - l * kLog2e));
       }
     }

@@ -65,15 +65,6 @@ __device__ __forceinline__ PageLseStore<kTiles> PageLseStoreOf(const PagedDecode
   return out;
 }
 
-// Stores a float, marked for L2 to keep over other lines (evict_last): the weights blocks read
-// it back soon, and so it need not reach memory in between, where a decode reads at its roof.
-__device__ __forceinline__ void StoreKeptInL2(float* at, float x) {
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-  asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;\n" ::"l"(at), "f"(x), "l"(policy)
-               : "memory");
-}
-
 // Stores the page LSEs of the warp's page for each query head of its group, from pu (the page's
 // P^T without V scales, relative to m_run: Probabilities), and moves `out` to the warp's page
 // after. A page's LSE is m_run plus log2 of the page's sum, which one product of a matrix of
@@ -92,9 +83,7 @@ __device__ __forceinline__ void StorePageLse(PageLseStore<kTiles>& out,
     Mma(sum, ones, pu[t][1]);             // take a pair of registers of ones, not four
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (out.stores[2 * t + h]) {
-        StoreKeptInL2(out.next + 8 * t + h, m_run[2 * t + h] + Log2(sum[h]));
-      }
+      if (out.stores[2 * t + h]) out.next[8 * t + h] = m_run[2 * t + h] + Log2(sum[h]);
     }
   }
   out.next += out.stride;
