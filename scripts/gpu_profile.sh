@@ -5,10 +5,9 @@
 # <case>_sass.csv (source page). Usage: scripts/gpu_profile.sh [BATCH CONTEXT] (default 64 8192)
 #   run(command="bash scripts/gpu_profile.sh", carry=["bundle"])
 # PROFILE_SKIP (default 5) picks the decode launch profiled. At batch 64 x 32K and batch 1 x 128K
-# the bench times each variant in turn (plain, page weights, page weights zeroed, rotated, rotated
-# with page weights), each 3 warm-up launches and 10 timed ones when the row reads over 4 GB (30
-# otherwise): for FP8 at 64 x 32K (4.3 GB), PROFILE_SKIP=18 profiles the page-weight variant and
-# 44 the rotated one; for NVFP4 (2.4 GB), 38 and 104.
+# the bench times the variants in turns (plain, page weights, page weights zeroed, rotated,
+# rotated with page weights: one launch of each per round, 3 warm-up rounds first), so
+# PROFILE_SKIP=5 profiles the plain kernel, 6 the page-weight variant and 8 the rotated one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-out}

@@ -15,8 +15,9 @@
 //     read (K/V rows, micro-scales, scales) over time against the read roof; at batch 64 x 32K
 //     and batch 1 x 128K also with page weights (`..._page_weight`; `..._page_weight_zeroed`
 //     zeroes them before each call), as a cache with rotated keys runs it (`..._rotated`), and
-//     both (`..._rotated_page_weight`), in the same run; batch 1 x 1K and 8K also 32 calls back
-//     to back (`..._back_to_back`).
+//     both (`..._rotated_page_weight`), timed in turns (a call of each variant per round, so
+//     that the variants compare); batch 1 x 1K and 8K also 32 calls back to back
+//     (`..._back_to_back`).
 // Usage: kvtier_gpu_bench OUT.json [--decode-only | --data-plane-only | --only CASE BATCH CONTEXT]
 //   --decode-only skips migration and append; --data-plane-only runs the copy roof, migration
 //   and append alone; --only times one decode shape and the read roof alone (for profilers),
@@ -31,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -83,28 +85,44 @@ void Fill(void* p, size_t bytes, uint32_t seed, int channels) {
   CHECK_CUDA(cudaGetLastError());
 }
 
-// Median milliseconds of `runs` timed calls of fn() on `stream`, after `warmup` calls; each
-// timed call covers `inner` back-to-back invocations (time reported per invocation).
-template <typename Fn>
-double MedianMs(cudaStream_t stream, int warmup, int runs, int inner, Fn fn) {
-  for (int i = 0; i < warmup; ++i) fn();
+// Median milliseconds per invocation of each of `fns` on `stream`: `runs` rounds, each timing
+// one call of every fn in turn (inner[i] back-to-back invocations of fns[i] between two events),
+// after `warmup` untimed rounds. Taking turns puts a slow spell of the GPU (clocks, heat after
+// the rows before) on every fn alike, not on the first: rows timed together compare.
+std::vector<double> MedianMsInTurns(cudaStream_t stream, int warmup, int runs,
+                                    const std::vector<int>& inner,
+                                    const std::vector<std::function<void()>>& fns) {
+  for (int i = 0; i < warmup; ++i) {
+    for (const auto& fn : fns) fn();
+  }
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<double> ms;
+  std::vector<std::vector<double>> ms(fns.size());
   for (int r = 0; r < runs; ++r) {
-    CHECK_CUDA(cudaEventRecord(a, stream));
-    for (int i = 0; i < inner; ++i) fn();
-    CHECK_CUDA(cudaEventRecord(b, stream));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(static_cast<double>(t) / inner);
+    for (size_t f = 0; f < fns.size(); ++f) {
+      CHECK_CUDA(cudaEventRecord(a, stream));
+      for (int i = 0; i < inner[f]; ++i) fns[f]();
+      CHECK_CUDA(cudaEventRecord(b, stream));
+      CHECK_CUDA(cudaEventSynchronize(b));
+      float t = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+      ms[f].push_back(static_cast<double>(t) / inner[f]);
+    }
   }
   CHECK_CUDA(cudaEventDestroy(a));
   CHECK_CUDA(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  std::vector<double> medians;
+  for (std::vector<double>& m : ms) {
+    std::sort(m.begin(), m.end());
+    medians.push_back(m[m.size() / 2]);
+  }
+  return medians;
+}
+
+// The same for one fn.
+double MedianMs(cudaStream_t stream, int warmup, int runs, int inner, std::function<void()> fn) {
+  return MedianMsInTurns(stream, warmup, runs, {inner}, {std::move(fn)})[0];
 }
 
 struct Result {
@@ -497,27 +515,38 @@ struct DecodeVariant {
 constexpr DecodeVariant kPlain = {"", false, false};
 constexpr DecodeVariant kBackToBack = {"_back_to_back", false, false, 32};
 
-// Median milliseconds of the variant of launch p (prepared by Decode; `entries` packed pages).
-double TimeDecode(cudaStream_t stream, gpu::PagedDecodeParams p, const DecodeVariant& v,
-                  int64_t entries, int runs) {
+// Median milliseconds of each variant of launch p (prepared by Decode; `entries` packed pages),
+// timed in turns (MedianMsInTurns).
+std::vector<double> TimeDecode(cudaStream_t stream, const gpu::PagedDecodeParams& p,
+                               const std::vector<DecodeVariant>& variants, int64_t entries,
+                               int runs) {
   constexpr int kQHeads = 32;
-  void *d_page_lse = nullptr, *d_weight = nullptr;
-  p.rotate_queries = v.rotated;
-  p.key_rotation_seed = 0x5EED;
-  if (v.page_weight) {
-    CHECK_CUDA(cudaMalloc(&d_page_lse, gpu::PageLseFloats(entries, kQHeads) * 4));
-    CHECK_CUDA(cudaMalloc(&d_weight, entries * 4));
-    CHECK_CUDA(cudaMemsetAsync(d_weight, 0, entries * 4, stream));
-    p.page_lse = static_cast<float*>(d_page_lse);
-    p.page_weight = static_cast<float*>(d_weight);
+  std::vector<void*> buffers;
+  std::vector<int> inner;
+  std::vector<std::function<void()>> calls;
+  for (const DecodeVariant& v : variants) {
+    gpu::PagedDecodeParams q = p;
+    q.rotate_queries = v.rotated;
+    q.key_rotation_seed = 0x5EED;
+    if (v.page_weight) {
+      void *d_page_lse = nullptr, *d_weight = nullptr;
+      CHECK_CUDA(cudaMalloc(&d_page_lse, gpu::PageLseFloats(entries, kQHeads) * 4));
+      CHECK_CUDA(cudaMalloc(&d_weight, entries * 4));
+      CHECK_CUDA(cudaMemsetAsync(d_weight, 0, entries * 4, stream));
+      buffers.push_back(d_page_lse);
+      buffers.push_back(d_weight);
+      q.page_lse = static_cast<float*>(d_page_lse);
+      q.page_weight = static_cast<float*>(d_weight);
+    }
+    inner.push_back(v.back_to_back);
+    calls.push_back([stream, q, entries, zero = v.zero_weights] {
+      if (zero) CHECK_CUDA(cudaMemsetAsync(q.page_weight, 0, entries * 4, stream));
+      CHECK_CUDA(gpu::LaunchPagedDecode(q, stream));
+    });
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
-  const double ms =
-      MedianMs(stream, 3, runs, v.back_to_back, [&] {
-        if (v.zero_weights) CHECK_CUDA(cudaMemsetAsync(d_weight, 0, entries * 4, stream));
-        CHECK_CUDA(gpu::LaunchPagedDecode(p, stream));
-      });
-  for (void* ptr : {d_page_lse, d_weight}) CHECK_CUDA(cudaFree(ptr));
+  const std::vector<double> ms = MedianMsInTurns(stream, 3, runs, inner, calls);
+  for (void* ptr : buffers) CHECK_CUDA(cudaFree(ptr));
   return ms;
 }
 
@@ -608,12 +637,13 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
   p.pages_per_split = split.pages_per_split;
   p.workspace = static_cast<float*>(d_work);
   const int runs = read > 4e9 ? 10 : 30;
-  for (const DecodeVariant& v : variants) {
-    const double ms = TimeDecode(stream, p, v, static_cast<int64_t>(packed.size()), runs);
+  const std::vector<double> ms =
+      TimeDecode(stream, p, variants, static_cast<int64_t>(packed.size()), runs);
+  for (size_t v = 0; v < variants.size(); ++v) {
     char name[160];
     std::snprintf(name, sizeof(name), "decode_%s_b%d_ctx%lldk_splits%d%s", dc.name, batch,
-                  static_cast<long long>(context / 1024), split.num_splits, v.suffix);
-    out->push_back({name, read, ms});
+                  static_cast<long long>(context / 1024), split.num_splits, variants[v].suffix);
+    out->push_back({name, read, ms[v]});
   }
   for (void* ptr : pools) CHECK_CUDA(cudaFree(ptr));
   for (void* ptr : {d_indptr, d_packed, d_lens, d_q, d_out, d_lse, d_work}) CHECK_CUDA(cudaFree(ptr));
