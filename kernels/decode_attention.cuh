@@ -115,6 +115,13 @@ int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_sp
 // Floats of page_lse a launch over `entries` packed entries needs.
 int64_t PageLseFloats(int64_t entries, int32_t num_q_heads);
 
+// Whether a launch with page weights stores its page LSEs with an L2 evict_last hint (and its
+// weights blocks read them as streaming): when no format of p's palette has an NVFP4 side.
+// Measured on the H200 (docs/attention.md, "Performance"): the hint takes FP16 and FP8 page
+// weights 1-3 points of decode time closer to the plain decode, NVFP4 and the balanced mix 2.3
+// points further. REQUIRES: p's pools and num_formats are set.
+bool PageLsesKeptInL2(const PagedDecodeParams& p);
+
 // Enqueues the decode kernel and, with num_splits > 1, the merge of its partial states; with
 // page_weight set, the page weights: a kernel after it when not split, blocks in the merge's
 // grid when split (kernels/attention/page_weight.cu).

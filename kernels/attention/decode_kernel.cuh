@@ -205,12 +205,14 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
 }
 
 // kTiles: query-head tiles of 8 (1 when the GQA group fits in 8 heads, else 2). kStages: the
-// depth of each warp's ring (kShallowStages or kDeepStages, stage_page.cuh). kPageWeights:
-// p.page_lse is set; each page's LSE per head is stored there (page_weight.cuh). Without it
-// the page sums are never used and compile away: the kernel does no extra work.
-template <int kTiles, int kStages, bool kPageWeights>
+// depth of each warp's ring (kShallowStages or kDeepStages, stage_page.cuh). kPageLse: with
+// page weights (p.page_lse set), how each page's LSE per head is stored there (page_weight.cuh).
+// Without them (kNone) the page sums are never used and compile away: the kernel does no extra
+// work.
+template <int kTiles, int kStages, PageLse kPageLse>
 __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
+  constexpr bool kPageWeights = kPageLse != PageLse::kNone;
   extern __shared__ __align__(16) uint8_t smem[];
   // The queries and tables (LaunchDependent). Dependents start as this kernel's blocks exit:
   // scheduled at its start (TriggerDependents), their waiting blocks slowed it by 1-4%.
@@ -237,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     ComputeLogits<kTiles>(pg, k.g, k.c, qb, s);
     uint32_t pb[kTiles][2], pu[kTiles][2];
     OnlineSoftmax<kTiles>(p, pg, k.g, s, m_run, l_run, unit, inv_unit, o, pb, pu);
-    if constexpr (kPageWeights) StorePageLse<kTiles>(page_lse, m_run, pu);
+    if constexpr (kPageWeights) StorePageLse<kTiles, kPageLse>(page_lse, m_run, pu);
     AccumulateValues<kTiles>(pg, k.g, k.c, pb, o);
     __syncwarp();  // the buffer is refilled by the next iteration's Stage()
   }

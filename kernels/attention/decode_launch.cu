@@ -29,6 +29,7 @@ using attention::kShallowStages;
 using attention::kThreads;
 using attention::kWarps;
 using attention::PagedDecodeKernel;
+using attention::PageLse;
 
 bool AllFp16(const PageLayout& l) {
   return l.k.type == ElementType::kFp16 && l.v.type == ElementType::kFp16;
@@ -84,12 +85,20 @@ bool PlanStaging(PagedDecodeParams& k) {
 
 using Kernel = void (*)(PagedDecodeParams);
 
-// Every instance of the kernel: [wide group][deep ring][page weights].
-constexpr Kernel kKernels[2][2][2] = {
-    {{PagedDecodeKernel<1, kShallowStages, false>, PagedDecodeKernel<1, kShallowStages, true>},
-     {PagedDecodeKernel<1, kDeepStages, false>, PagedDecodeKernel<1, kDeepStages, true>}},
-    {{PagedDecodeKernel<2, kShallowStages, false>, PagedDecodeKernel<2, kShallowStages, true>},
-     {PagedDecodeKernel<2, kDeepStages, false>, PagedDecodeKernel<2, kDeepStages, true>}}};
+// Every instance of the kernel: [wide group][deep ring][page LSE store (PageLse)].
+constexpr Kernel kKernels[2][2][3] = {
+    {{PagedDecodeKernel<1, kShallowStages, PageLse::kNone>,
+      PagedDecodeKernel<1, kShallowStages, PageLse::kStored>,
+      PagedDecodeKernel<1, kShallowStages, PageLse::kKeptInL2>},
+     {PagedDecodeKernel<1, kDeepStages, PageLse::kNone>,
+      PagedDecodeKernel<1, kDeepStages, PageLse::kStored>,
+      PagedDecodeKernel<1, kDeepStages, PageLse::kKeptInL2>}},
+    {{PagedDecodeKernel<2, kShallowStages, PageLse::kNone>,
+      PagedDecodeKernel<2, kShallowStages, PageLse::kStored>,
+      PagedDecodeKernel<2, kShallowStages, PageLse::kKeptInL2>},
+     {PagedDecodeKernel<2, kDeepStages, PageLse::kNone>,
+      PagedDecodeKernel<2, kDeepStages, PageLse::kStored>,
+      PagedDecodeKernel<2, kDeepStages, PageLse::kKeptInL2>}}};
 
 // Shared memory a multiprocessor gives its blocks (H100, H200: 228 KB), less the 1 KB the
 // runtime keeps per block, divided among the blocks that the registers allow (the kernel's
@@ -120,7 +129,10 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const bool deep = deep_ring <= kMostSmem &&
                     blocks_by_registers * (deep_ring + kSharedReservedPerBlock) <= kSharedPerSm;
   const size_t merge = kWarps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
-  return {kKernels[wide][deep][k.page_weight != nullptr],
+  const PageLse store = k.page_weight == nullptr ? PageLse::kNone
+                        : PageLsesKeptInL2(k)    ? PageLse::kKeptInL2
+                                                 : PageLse::kStored;
+  return {kKernels[wide][deep][static_cast<int>(store)],
           static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge))};
 }
 
@@ -134,8 +146,8 @@ cudaError_t RaiseSharedLimit() {
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if ((raised.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
   for (const auto& by_depth : kKernels) {
-    for (const auto& by_weights : by_depth) {
-      for (const Kernel f : by_weights) {
+    for (const auto& by_store : by_depth) {
+      for (const Kernel f : by_store) {
         const cudaError_t r =
             cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(kMostSmem));

@@ -57,9 +57,10 @@ __device__ __forceinline__ float SplitLse(const PagedDecodeParams& p, int64_t ro
 }
 
 // Weights block x of sequence b, of kWarps warps: entries x * kWeightEntries ... (kSplit: the
-// final LSEs from the splits' partial ones, else from p.lse). REQUIRES: every thread of the block
-// calls it.
-template <int kWarps, bool kSplit>
+// final LSEs from the splits' partial ones, else from p.lse; kKeptInL2: the page LSEs were stored
+// with PageLse::kKeptInL2, and are read as streaming). REQUIRES: every thread of the block calls
+// it.
+template <int kWarps, bool kSplit, bool kKeptInL2>
 __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, int b) {
   __shared__ float warp_weight[kWarps][kWeightEntries];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -84,7 +85,8 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
       const float* page_lse = p.page_lse + attention::PageLseIndex(p, first, pages, kv, 0, h);
 #pragma unroll
       for (int r = 0; r < kWeightRounds; ++r) {
-        const float x = page_lse[static_cast<int64_t>(page[r]) * group];
+        const float* const at = page_lse + static_cast<int64_t>(page[r]) * group;
+        const float x = kKeptInL2 ? __ldcs(at) : *at;
         weight[r] = fmaxf(weight[r], exp2f(x - l * kLog2e));
       }
     }
@@ -105,15 +107,17 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
 }
 
 // Launch not split. Block (x, b): weights block x of sequence b.
+template <bool kKeptInL2>
 __global__ void __launch_bounds__(kWeightWarps * 32, 8)
     PageWeightKernel(const PagedDecodeParams p) {
   WaitForPriorKernels();  // the page LSEs and the final LSEs (LaunchDependent)
   TriggerDependents();
-  WeighEntries<kWeightWarps, false>(p, blockIdx.x, blockIdx.y);
+  WeighEntries<kWeightWarps, false, kKeptInL2>(p, blockIdx.x, blockIdx.y);
 }
 
 // Split launch. Block i < m.rows merges row i; block m.rows + y * x_blocks + x is weights block
 // x of sequence y.
+template <bool kKeptInL2>
 __global__ void __launch_bounds__(kMergeWarps * 32, 4)
     MergeAndWeighKernel(const MergeStatesParams m, const PagedDecodeParams p, int x_blocks) {
   WaitForPriorKernels();  // the partial states and the page LSEs (LaunchDependent)
@@ -123,7 +127,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32, 4)
     attention::MergeRow<attention::kMergeThreads>(m, i);
   } else {
     const int w = static_cast<int>(i - m.rows);
-    WeighEntries<kMergeWarps, true>(p, w % x_blocks, w / x_blocks);
+    WeighEntries<kMergeWarps, true, kKeptInL2>(p, w % x_blocks, w / x_blocks);
   }
 }
 
@@ -139,13 +143,22 @@ int64_t PageLseFloats(int64_t entries, int32_t num_q_heads) {
   return entries * num_q_heads;
 }
 
+bool PageLsesKeptInL2(const PagedDecodeParams& p) {
+  for (int f = 0; f < p.num_formats; ++f) {
+    const PageLayout& l = p.pools[f].layout;
+    if (l.k.type == ElementType::kNvfp4 || l.v.type == ElementType::kNvfp4) return false;
+  }
+  return true;
+}
+
 cudaError_t LaunchPageWeights(const PagedDecodeParams& p, cudaStream_t stream) {
   if (p.page_weight == nullptr || p.page_lse == nullptr || p.num_splits != 1) {
     return cudaErrorInvalidValue;
   }
   if (p.batch == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(WeightBlocks(p)), static_cast<unsigned>(p.batch));
-  return LaunchDependent(PageWeightKernel, grid, dim3(kWeightWarps * 32), 0, stream, p);
+  const auto kernel = PageLsesKeptInL2(p) ? PageWeightKernel<true> : PageWeightKernel<false>;
+  return LaunchDependent(kernel, grid, dim3(kWeightWarps * 32), 0, stream, p);
 }
 
 cudaError_t LaunchMergeAndPageWeights(const MergeStatesParams& m, const PagedDecodeParams& p,
@@ -158,8 +171,10 @@ cudaError_t LaunchMergeAndPageWeights(const MergeStatesParams& m, const PagedDec
   const int x_blocks = WeightBlocks(p);
   const int64_t blocks = m.rows + static_cast<int64_t>(x_blocks) * p.batch;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  return LaunchDependent(MergeAndWeighKernel, dim3(static_cast<unsigned>(blocks)),
-                         dim3(kMergeWarps * 32), 0, stream, m, p, x_blocks);
+  const auto kernel =
+      PageLsesKeptInL2(p) ? MergeAndWeighKernel<true> : MergeAndWeighKernel<false>;
+  return LaunchDependent(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kMergeWarps * 32), 0,
+                         stream, m, p, x_blocks);
 }
 
 }  // namespace kvtier::gpu

@@ -41,6 +41,11 @@ __device__ __forceinline__ int64_t PageLseIndex(const PagedDecodeParams& p, int6
   return first_entry * p.num_q_heads + (static_cast<int64_t>(kv_head) * pages + page) * group + h;
 }
 
+// How a decode launch stores its page LSEs: not at all (no page weights), plainly, or with an L2
+// evict_last hint, which the weights blocks answer by reading them as streaming (evict-first).
+// Which is faster depends on the palette (PageLsesKeptInL2, kernels/decode_attention.cuh).
+enum class PageLse { kNone, kStored, kKeptInL2 };
+
 // Where a warp's page LSEs go. Lane (g, c) holds the running maxima of heads 8t + 2c and
 // 8t + 2c + 1 (as StoreWarpState); the lanes g = 0 store those heads' page LSEs.
 template <int kTiles>
@@ -65,12 +70,21 @@ __device__ __forceinline__ PageLseStore<kTiles> PageLseStoreOf(const PagedDecode
   return out;
 }
 
+// Stores a float, marked for L2 to keep over other lines (evict_last): the weights blocks read
+// it back soon, and so it need not reach memory in between, where a decode reads at its roof.
+__device__ __forceinline__ void StoreKeptInL2(float* at, float x) {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;\n" ::"l"(at), "f"(x), "l"(policy)
+               : "memory");
+}
+
 // Stores the page LSEs of the warp's page for each query head of its group, from pu (the page's
-// P^T without V scales, relative to m_run: Probabilities), and moves `out` to the warp's page
-// after. A page's LSE is m_run plus log2 of the page's sum, which one product of a matrix of
-// ones and pu puts in every lane, for the heads of its m_run (no shuffles).
-// REQUIRES: every lane of the warp calls it.
-template <int kTiles>
+// P^T without V scales, relative to m_run: Probabilities), as kPageLse says (kStored or
+// kKeptInL2), and moves `out` to the warp's page after. A page's LSE is m_run plus log2 of the
+// page's sum, which one product of a matrix of ones and pu puts in every lane, for the heads of
+// its m_run (no shuffles). REQUIRES: every lane of the warp calls it.
+template <int kTiles, PageLse kPageLse>
 __device__ __forceinline__ void StorePageLse(PageLseStore<kTiles>& out,
                                              const float (&m_run)[2 * kTiles],
                                              const uint32_t (&pu)[kTiles][2]) {
@@ -83,7 +97,15 @@ __device__ __forceinline__ void StorePageLse(PageLseStore<kTiles>& out,
     Mma(sum, ones, pu[t][1]);             // take a pair of registers of ones, not four
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (out.stores[2 * t + h]) out.next[8 * t + h] = m_run[2 * t + h] + Log2(sum[h]);
+      if (out.stores[2 * t + h]) {
+        float* const at = out.next + 8 * t + h;
+        const float lse = m_run[2 * t + h] + Log2(sum[h]);
+        if constexpr (kPageLse == PageLse::kKeptInL2) {
+          StoreKeptInL2(at, lse);
+        } else {
+          *at = lse;
+        }
+      }
     }
   }
   out.next += out.stride;

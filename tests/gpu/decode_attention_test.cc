@@ -22,6 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
+#include "kernels/decode_attention.cuh"
+#include "kernels/page_layout.h"
 #include "kvtier/attention.h"
 #include "kvtier/cache.h"
 #include "kvtier/format.h"
@@ -576,6 +578,26 @@ TEST(DecodeAttentionTest, PageWeightsSplitKv) {
     ASSERT_TRUE(pair->gpu().EndStep().ok());
     ASSERT_TRUE(pair->cpu().EndStep().ok());
   }
+}
+
+// The page LSEs are stored with an L2 evict_last hint exactly for palettes without an NVFP4
+// side (PageLsesKeptInL2: faster for FP16 and FP8, slower with NVFP4, on the H200). Host only.
+TEST(DecodeAttentionTest, PageLsesKeptInL2OnlyWithoutNvfp4) {
+  const auto kept = [](const std::vector<const char*>& palette) {
+    gpu::PagedDecodeParams p;
+    p.num_formats = static_cast<int32_t>(palette.size());
+    for (size_t f = 0; f < palette.size(); ++f) {
+      p.pools[f].layout = MakePageLayout(8, 16, 128, ParseFormat(palette[f]).value());
+    }
+    return gpu::PageLsesKeptInL2(p);
+  };
+  EXPECT_TRUE(kept({"fp16"}));
+  EXPECT_TRUE(kept({"fp8_e4m3/block_head"}));
+  EXPECT_TRUE(kept({"fp16", "fp8_e5m2/token_head"}));
+  EXPECT_FALSE(kept({"nvfp4/block_head"}));
+  EXPECT_FALSE(kept({"k:fp8_e4m3/block_head,v:nvfp4/block_head"}));
+  EXPECT_FALSE(
+      kept({"fp16", "fp8_e4m3/block_head", "k:nvfp4_channel/block_head,v:nvfp4/block_head"}));
 }
 
 // A page_weight span of other than one float per packed entry: InvalidArgument on both
