@@ -8,6 +8,10 @@
 #                             racecheck (fewer steps, KVTIER_GPU_TEST_SCALE; the fast-codec
 #                             self-check, run in 1, is skipped).
 #   gpu_run.sh             both, one after the other (over 10 minutes: not for the device tool).
+#   gpu_run.sh decode      after a change to the decode kernel alone (kernels/attention/), in
+#                          about 4 minutes: its GPU tests (KVTIER_GPU_TEST_SCALE=0.25), the
+#                          benchmarks (JSON), memcheck of the page-weight and rotated-key tests
+#                          and racecheck of two page-weight tests (scale 0.1).
 # Writes summary.txt, the benchmarks' JSON and the logs (logs-PART.tar.gz) under $OUT (default
 # ./gpu-out) and prints a summary last.
 # With the device tool: run(command="bash scripts/gpu_run.sh tests", carry=["bundle"]), then
@@ -25,7 +29,9 @@ summary=$out/summary.txt
   compute-sanitizer --version | tail -1
 } >"$summary" 2>&1
 part=${1:-all}
-case "$part" in tests|sanitizers|all) ;; *) echo "usage: gpu_run.sh [tests|sanitizers]" >&2; exit 2 ;; esac
+case "$part" in tests|sanitizers|decode|all) ;;
+  *) echo "usage: gpu_run.sh [tests|sanitizers|decode]" >&2; exit 2 ;;
+esac
 status=0
 step() {  # name, timeout seconds, command...
   local name=$1 limit=$2
@@ -33,12 +39,12 @@ step() {  # name, timeout seconds, command...
   local start=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
-  echo "$name: rc=$rc in $((SECONDS - start)) s; $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$name.log" | tr '\n' ' ')$(grep -E 'ERROR SUMMARY' "$out/$name.log")" |
+  echo "$name: rc=$rc in $((SECONDS - start)) s; $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$name.log" | tr '\n' ' ')$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$name.log")" |
     tee -a "$summary"
   [ "$rc" = 0 ] || status=1
 }
 # The step limits of each part add up to under the device tool's 10 minutes per command.
-if [ "$part" != sanitizers ]; then
+if [ "$part" = tests ] || [ "$part" = all ]; then
 step tests 420 bundle/kvtier_gpu_tests --gtest_output="json:$out/tests.json"
 for blocks in 2 3 4; do
   step "tests_migrate$blocks" 40 env KVTIER_CUDA_MIGRATE=$blocks bundle/kvtier_gpu_tests \
@@ -52,7 +58,20 @@ cat "$out/bench_pdl_off.log" >>"$summary"
 step tier_bench 30 bundle/kvtier_tier_bench "$out/tier_bench.json"
 cat "$out/tier_bench.json" >>"$summary"
 fi
-if [ "$part" != tests ]; then
+if [ "$part" = decode ]; then
+step tests 240 env KVTIER_GPU_TEST_SCALE=0.25 bundle/kvtier_gpu_tests \
+  --gtest_filter='DecodeAttentionTest.*' --gtest_output="json:$out/tests.json"
+step bench 60 bundle/kvtier_gpu_bench "$out/bench.json"
+cat "$out/bench.log" >>"$summary"
+# RotatedKeys and the third page-weight test under racecheck take over 100 s more at scale 0.1.
+step memcheck 120 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
+  --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests \
+  --gtest_filter='DecodeAttentionTest.PageWeights*:DecodeAttentionTest.RotatedKeys'
+step racecheck 150 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
+  --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests \
+  --gtest_filter='DecodeAttentionTest.PageWeightsUnsplit:DecodeAttentionTest.PageWeightsSplitKv'
+fi
+if [ "$part" = sanitizers ] || [ "$part" = all ]; then
 export KVTIER_CUDA_FAST_CODEC=on KVTIER_GPU_TEST_SCALE=${KVTIER_GPU_TEST_SCALE:-0.2}
 # The two largest decode tests add minutes under the sanitizers without new paths
 # (EveryFormatMixGroupAndRaggedLength covers the staging ring, the splits and the merge); the
