@@ -175,6 +175,13 @@ std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int gr
   return "";
 }
 
+// A palette without NVFP4, whose page LSEs are stored with the L2 hint (PageLsesKeptInL2).
+const std::vector<std::string>& Fp16AndFp8Palette() {
+  static const auto* const palette = new std::vector<std::string>{
+      "fp16", "k:fp16,v:fp8_e4m3/block_head", "fp8_e4m3/block_head", "fp8_e5m2/token_head"};
+  return *palette;
+}
+
 const std::vector<std::vector<std::string>>& Palettes() {
   static const auto* const palettes = new std::vector<std::vector<std::string>>{
       {"fp16", "fp8_e4m3/tensor", "fp8_e4m3/block_head", "fp8_e4m3/token_head",
@@ -522,15 +529,15 @@ std::unique_ptr<Cache> OneSequence(Options o, BackendKind backend, int64_t token
   return cache;
 }
 
-// A mixed-format palette, GQA groups, ragged lengths (short, long enough to split), both
-// layers max-accumulated into one buffer, with and without NaN query heads.
+// Mixed-format palettes (with NVFP4, and without: page LSEs kept in L2), GQA groups, ragged
+// lengths (short, long enough to split), both layers max-accumulated into one buffer, with and
+// without NaN query heads.
 TEST(DecodeAttentionTest, PageWeightsMatchTheReference) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(31);
-  for (int palette : {0, 1}) {
-    SCOPED_TRACE(absl::StrJoin(Palettes()[palette], " "));
-    auto pair = CachePair::Create(PaletteOptions(Geometry{2, 8, 128, 16}, Palettes()[palette], 512))
-                    .value();
+  for (const auto& palette : {Palettes()[0], Palettes()[1], Fp16AndFp8Palette()}) {
+    SCOPED_TRACE(absl::StrJoin(palette, " "));
+    auto pair = CachePair::Create(PaletteOptions(Geometry{2, 8, 128, 16}, palette, 512)).value();
     const std::vector<SequenceId> seqs =
         Fill(*pair, {300, 1, 17, 16, 100, 0, 2049, 5000, TestScale(16384)}, &rng);
     for (int group : {1, 4, 8, 16}) {
@@ -543,18 +550,23 @@ TEST(DecodeAttentionTest, PageWeightsMatchTheReference) {
 }
 
 // A batch large enough to fill the GPU without splitting (80 sequences x 8 KV heads): the
-// weights kernel after the attention (a split launch weighs its pages in the merge's grid).
+// weights kernel after the attention (a split launch weighs its pages in the merge's grid), with
+// NVFP4 in the palette and without (page LSEs kept in L2).
 TEST(DecodeAttentionTest, PageWeightsUnsplit) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(41);
-  auto pair =
-      CachePair::Create(PaletteOptions(Geometry{2, 8, 128, 16}, Palettes()[1], 512)).value();
-  std::vector<int64_t> lengths(80);
-  for (size_t i = 0; i < lengths.size(); ++i) lengths[i] = 1 + static_cast<int64_t>(i * 37 % 700);
-  const std::vector<SequenceId> seqs = Fill(*pair, lengths, &rng);
-  for (int group : {4, 8}) {
-    EXPECT_EQ(ComparePageWeights(*pair, seqs, group, &rng, /*nan_heads=*/group == 8), "")
-        << "group " << group;
+  for (const auto& palette : {Palettes()[1], Fp16AndFp8Palette()}) {
+    SCOPED_TRACE(absl::StrJoin(palette, " "));
+    auto pair = CachePair::Create(PaletteOptions(Geometry{2, 8, 128, 16}, palette, 512)).value();
+    std::vector<int64_t> lengths(80);
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      lengths[i] = 1 + static_cast<int64_t>(i * 37 % 700);
+    }
+    const std::vector<SequenceId> seqs = Fill(*pair, lengths, &rng);
+    for (int group : {4, 8}) {
+      EXPECT_EQ(ComparePageWeights(*pair, seqs, group, &rng, /*nan_heads=*/group == 8), "")
+          << "group " << group;
+    }
   }
 }
 
