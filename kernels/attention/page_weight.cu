@@ -25,6 +25,7 @@ namespace {
 
 constexpr int kWeightRounds = 4;                    // entries per lane
 constexpr int kWeightEntries = 32 * kWeightRounds;  // per block
+constexpr int kHeadsAtOnce = 4;                     // query heads whose LSEs a lane loads at once
 // Warps of a weights block: of the kernel after a launch that is not split, and of the merge's
 // grid (as many as a merge block's).
 constexpr int kWeightWarps = 8;
@@ -56,11 +57,37 @@ __device__ __forceinline__ float SplitLse(const PagedDecodeParams& p, int64_t ro
   return m + logf(total);
 }
 
+// The final LSE of output row `row` (kSplit: from the splits' partial LSEs, else p.lse[row]).
+// REQUIRES: with kSplit, every lane of the warp calls it.
+template <bool kSplit>
+__device__ __forceinline__ float FinalLse(const PagedDecodeParams& p, int64_t row, int lane) {
+  return kSplit ? SplitLse(p, row, lane) : p.lse[row];
+}
+
+// A page's LSEs of kHeadsAtOnce query heads from `at` on; those of heads >= `heads` are -inf
+// and never read. kQuad: at is 16-byte aligned and heads >= 4 (one vector load).
+template <bool kQuad, bool kKeptInL2>
+__device__ __forceinline__ void LoadPageLses(const float* at, int heads, float x[kHeadsAtOnce]) {
+  if constexpr (kQuad) {
+    const float4* const v = reinterpret_cast<const float4*>(at);
+    const float4 q = kKeptInL2 ? __ldcs(v) : *v;
+    x[0] = q.x, x[1] = q.y, x[2] = q.z, x[3] = q.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kHeadsAtOnce; ++i) {
+      x[i] = i >= heads ? -INFINITY : kKeptInL2 ? __ldcs(at + i) : at[i];
+    }
+  }
+}
+
 // Weights block x of sequence b, of kWarps warps: entries x * kWeightEntries ... (kSplit: the
 // final LSEs from the splits' partial ones, else from p.lse; kKeptInL2: the page LSEs were stored
-// with PageLse::kKeptInL2, and are read as streaming). REQUIRES: every thread of the block calls
+// with PageLse::kKeptInL2, and are read as streaming; kQuads: the group is a multiple of 4 and
+// p.page_lse 16-byte aligned). A lane loads the final LSEs of kHeadsAtOnce heads and their page
+// LSEs on each of its pages before it waits for any: the loads' latency, not their bytes, bounds
+// this step (a wave of blocks covers batch 64 x 32K). REQUIRES: every thread of the block calls
 // it.
-template <int kWarps, bool kSplit, bool kKeptInL2>
+template <int kWarps, bool kSplit, bool kKeptInL2, bool kQuads>
 __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, int b) {
   __shared__ float warp_weight[kWarps][kWeightEntries];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -77,17 +104,29 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
   for (int r = 0; r < kWeightRounds; ++r) page[r] = min(block_page + lane + 32 * r, pages - 1);
   float weight[kWeightRounds] = {};
   for (int kv = warp; kv < p.num_kv_heads; kv += kWarps) {
-    for (int h = 0; h < group; ++h) {
-      const int64_t row = first_row + kv * group + h;
-      const float l = kSplit ? SplitLse(p, row, lane) : p.lse[row];
-      // A head whose LSE is not finite (NaN, or -inf: nothing attended) adds nothing.
-      if (!isfinite(l)) continue;
-      const float* page_lse = p.page_lse + attention::PageLseIndex(p, first, pages, kv, 0, h);
+    for (int h0 = 0; h0 < group; h0 += kHeadsAtOnce) {
+      const int64_t row = first_row + kv * group + h0;
+      const int heads = group - h0;
+      float l[kHeadsAtOnce];
+#pragma unroll
+      for (int i = 0; i < kHeadsAtOnce; ++i) {
+        l[i] = i < heads ? FinalLse<kSplit>(p, row + i, lane) : NAN;
+      }
+      const float* page_lse = p.page_lse + attention::PageLseIndex(p, first, pages, kv, 0, h0);
+      float x[kWeightRounds][kHeadsAtOnce];
 #pragma unroll
       for (int r = 0; r < kWeightRounds; ++r) {
-        const float* const at = page_lse + static_cast<int64_t>(page[r]) * group;
-        const float x = kKeptInL2 ? __ldcs(at) : *at;
-        weight[r] = fmaxf(weight[r], exp2f(x - l * kLog2e));
+        LoadPageLses<kQuads, kKeptInL2>(page_lse + static_cast<int64_t>(page[r]) * group, heads,
+                                        x[r]);
+      }
+#pragma unroll
+      for (int i = 0; i < kHeadsAtOnce; ++i) {
+        // A head whose LSE is not finite (NaN, or -inf: nothing attended) adds nothing.
+        if (!isfinite(l[i])) continue;
+#pragma unroll
+        for (int r = 0; r < kWeightRounds; ++r) {
+          weight[r] = fmaxf(weight[r], exp2f(x[r][i] - l[i] * kLog2e));
+        }
       }
     }
   }
@@ -107,17 +146,17 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
 }
 
 // Launch not split. Block (x, b): weights block x of sequence b.
-template <bool kKeptInL2>
+template <bool kKeptInL2, bool kQuads>
 __global__ void __launch_bounds__(kWeightWarps * 32, 8)
     PageWeightKernel(const PagedDecodeParams p) {
   WaitForPriorKernels();  // the page LSEs and the final LSEs (LaunchDependent)
   TriggerDependents();
-  WeighEntries<kWeightWarps, false, kKeptInL2>(p, blockIdx.x, blockIdx.y);
+  WeighEntries<kWeightWarps, false, kKeptInL2, kQuads>(p, blockIdx.x, blockIdx.y);
 }
 
 // Split launch. Block i < m.rows merges row i; block m.rows + y * x_blocks + x is weights block
 // x of sequence y.
-template <bool kKeptInL2>
+template <bool kKeptInL2, bool kQuads>
 __global__ void __launch_bounds__(kMergeWarps * 32, 4)
     MergeAndWeighKernel(const MergeStatesParams m, const PagedDecodeParams p, int x_blocks) {
   WaitForPriorKernels();  // the partial states and the page LSEs (LaunchDependent)
@@ -127,7 +166,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32, 4)
     attention::MergeRow<attention::kMergeThreads>(m, i);
   } else {
     const int w = static_cast<int>(i - m.rows);
-    WeighEntries<kMergeWarps, true, kKeptInL2>(p, w % x_blocks, w / x_blocks);
+    WeighEntries<kMergeWarps, true, kKeptInL2, kQuads>(p, w % x_blocks, w / x_blocks);
   }
 }
 
@@ -136,6 +175,21 @@ int WeightBlocks(const PagedDecodeParams& p) {
   const int64_t most_pages = static_cast<int64_t>(p.num_splits) * p.pages_per_split;
   return static_cast<int>((most_pages + kWeightEntries - 1) / kWeightEntries);
 }
+
+// Whether p's weights blocks load a page's LSEs of 4 heads at once (WeighEntries' kQuads).
+bool LoadsQuads(const PagedDecodeParams& p) {
+  const int group = p.num_q_heads / p.num_kv_heads;
+  return group % kHeadsAtOnce == 0 &&
+         reinterpret_cast<uintptr_t>(p.page_lse) % sizeof(float4) == 0;
+}
+
+// Every instance of the weights kernels: [kKeptInL2][kQuads].
+constexpr decltype(&PageWeightKernel<false, false>) kPageWeightKernels[2][2] = {
+    {PageWeightKernel<false, false>, PageWeightKernel<false, true>},
+    {PageWeightKernel<true, false>, PageWeightKernel<true, true>}};
+constexpr decltype(&MergeAndWeighKernel<false, false>) kMergeAndWeighKernels[2][2] = {
+    {MergeAndWeighKernel<false, false>, MergeAndWeighKernel<false, true>},
+    {MergeAndWeighKernel<true, false>, MergeAndWeighKernel<true, true>}};
 
 }  // namespace
 
@@ -157,7 +211,7 @@ cudaError_t LaunchPageWeights(const PagedDecodeParams& p, cudaStream_t stream) {
   }
   if (p.batch == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(WeightBlocks(p)), static_cast<unsigned>(p.batch));
-  const auto kernel = PageLsesKeptInL2(p) ? PageWeightKernel<true> : PageWeightKernel<false>;
+  const auto kernel = kPageWeightKernels[PageLsesKeptInL2(p)][LoadsQuads(p)];
   return LaunchDependent(kernel, grid, dim3(kWeightWarps * 32), 0, stream, p);
 }
 
@@ -171,8 +225,7 @@ cudaError_t LaunchMergeAndPageWeights(const MergeStatesParams& m, const PagedDec
   const int x_blocks = WeightBlocks(p);
   const int64_t blocks = m.rows + static_cast<int64_t>(x_blocks) * p.batch;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  const auto kernel =
-      PageLsesKeptInL2(p) ? MergeAndWeighKernel<true> : MergeAndWeighKernel<false>;
+  const auto kernel = kMergeAndWeighKernels[PageLsesKeptInL2(p)][LoadsQuads(p)];
   return LaunchDependent(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kMergeWarps * 32), 0,
                          stream, m, p, x_blocks);
 }
