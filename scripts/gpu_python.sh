@@ -6,8 +6,9 @@
 #      against bundle/lib/libkvtier.so (made by scripts/gpu_bundle.sh, CUDA backend and adapters
 #      inside) and the Abseil headers in bundle/include;
 #   3. runs tests/gpu/python/validate_external.py (adapters vs FlashInfer and FlexAttention,
-#      kvtier's fused kernel vs all of them), kvtier_gpu_bench if the bundle has it (kvtier's
-#      kernel alone), then tests/bench/decode_bench.py (decode side by side), each under
+#      kvtier's fused kernel vs all of them), tests/gpu/python/prepared_append_cuda.py (the
+#      prepared append from PyTorch, a CUDA graph replayed), kvtier_gpu_bench if the bundle has
+#      it (kvtier's kernel alone), then tests/bench/decode_bench.py (decode side by side), each under
 #      `timeout`, logs and JSON under $OUT (default ./gpu-out), and prints a summary last.
 # With the device tool:
 #   run(command="bash scripts/gpu_python.sh", carry=["bundle", ".whl"], kind="nvidia-h200")
@@ -17,7 +18,7 @@
 #   bash scripts/gpu_python.sh --module-only
 # Steps 1 and 2 (used by scripts/gpu_engine.sh when .whl/ is carried, for FlashInfer):
 #   bash scripts/gpu_python.sh --module-and-wheels
-# Environment: VALIDATE_TIMEOUT, CPP_BENCH_TIMEOUT, BENCH_TIMEOUT (seconds), KVTIER_CPP_BENCH=0
+# Environment: VALIDATE_TIMEOUT, APPEND_TIMEOUT, CPP_BENCH_TIMEOUT, BENCH_TIMEOUT (seconds), KVTIER_CPP_BENCH=0
 # to skip kvtier_gpu_bench, BENCH_ARGS (extra decode_bench.py arguments).
 # See tests/gpu/python/README.md.
 set -uo pipefail
@@ -159,6 +160,7 @@ step() {  # name, timeout seconds, command...: the log is tee'd to $out/name.log
 # 3. Validation, kvtier's kernel alone, the decode benchmark.
 step validate "${VALIDATE_TIMEOUT:-300}" python3 tests/gpu/python/validate_external.py \
   --out "$out/validate.json"
+step prepared_append "${APPEND_TIMEOUT:-120}" python3 tests/gpu/python/prepared_append_cuda.py
 kernel_json=()
 if [ -x bundle/kvtier_gpu_bench ] && [ "${KVTIER_CPP_BENCH:-1}" != 0 ]; then
   step cpp_bench "${CPP_BENCH_TIMEOUT:-180}" bundle/kvtier_gpu_bench "$out/bench.json"
@@ -172,6 +174,7 @@ echo
 say "---- summary ----"
 grep -E "^(FAIL|SKIP) " "$out/validate.log" 2>/dev/null | tee -a "$summary"
 grep -E "validate_external: " "$out/validate.log" 2>/dev/null | tee -a "$summary"
+grep -E "^FAIL |prepared_append_cuda: " "$out/prepared_append.log" 2>/dev/null | tee -a "$summary"
 grep -E "method\(s\) failed|^wrote " "$out/decode_bench.log" 2>/dev/null | tee -a "$summary"
 say "overall: $([ $status = 0 ] && echo PASS || echo FAIL)"
 exit $status
