@@ -17,7 +17,7 @@
 //     zeroes them before each call), as a cache with rotated keys runs it (`..._rotated`), and
 //     both (`..._rotated_page_weight`), timed in turns (a call of each variant per round, so
 //     that the variants compare); batch 1 x 1K and 8K also 32 calls back to back
-//     (`..._back_to_back`).
+//     (`..._back_to_back`) and 32 calls captured in a CUDA graph, replayed (`..._graph`).
 // Usage: kvtier_gpu_bench OUT.json [--decode-only | --data-plane-only | --only CASE BATCH CONTEXT]
 //   --decode-only skips migration and append; --data-plane-only runs the copy roof, migration
 //   and append alone; --only times one decode shape and the read roof alone (for profilers),
@@ -504,16 +504,20 @@ int BalancedFormat(int64_t page, int64_t pages) {
 // max-accumulated over the runs, as the layers of a step; `zero_weights` zeroes them before each
 // call, the memset timed too, as an engine does once per step. A row times one call between two
 // events, launch latency included; `back_to_back` calls between them give the time per call of
-// a stream kept busy, as an engine's steps (the host enqueues ahead of the GPU).
+// a stream kept busy, as an engine's steps (the host enqueues ahead of the GPU); `graph` captures
+// the back-to-back calls in a CUDA graph once and times its replay, as an engine that captures
+// its decode step (the rows give the time per call).
 struct DecodeVariant {
   const char* suffix;  // of the row's name
   bool rotated;
   bool page_weight;
   int back_to_back = 1;
   bool zero_weights = false;
+  bool graph = false;
 };
 constexpr DecodeVariant kPlain = {"", false, false};
 constexpr DecodeVariant kBackToBack = {"_back_to_back", false, false, 32};
+constexpr DecodeVariant kGraph = {"_graph", false, false, 32, false, true};
 
 // Median milliseconds of each variant of launch p (prepared by Decode; `entries` packed pages),
 // timed in turns (MedianMsInTurns).
@@ -522,6 +526,7 @@ std::vector<double> TimeDecode(cudaStream_t stream, const gpu::PagedDecodeParams
                                int runs) {
   constexpr int kQHeads = 32;
   std::vector<void*> buffers;
+  std::vector<cudaGraphExec_t> graphs;
   std::vector<int> inner;
   std::vector<std::function<void()>> calls;
   for (const DecodeVariant& v : variants) {
@@ -538,14 +543,34 @@ std::vector<double> TimeDecode(cudaStream_t stream, const gpu::PagedDecodeParams
       q.page_lse = static_cast<float*>(d_page_lse);
       q.page_weight = static_cast<float*>(d_weight);
     }
-    inner.push_back(v.back_to_back);
-    calls.push_back([stream, q, entries, zero = v.zero_weights] {
+    auto call = [stream, q, entries, zero = v.zero_weights] {
       if (zero) CHECK_CUDA(cudaMemsetAsync(q.page_weight, 0, entries * 4, stream));
       CHECK_CUDA(gpu::LaunchPagedDecode(q, stream));
-    });
+    };
+    if (!v.graph) {
+      inner.push_back(v.back_to_back);
+      calls.push_back(std::move(call));
+      continue;
+    }
+    call();  // the launcher's one-time setup (the kernels' shared-memory limit) uncaptured
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < v.back_to_back; ++i) call();
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    graphs.push_back(exec);
+    inner.push_back(1);
+    calls.push_back([stream, exec] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); });
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
-  const std::vector<double> ms = MedianMsInTurns(stream, 3, runs, inner, calls);
+  std::vector<double> ms = MedianMsInTurns(stream, 3, runs, inner, calls);
+  for (size_t i = 0; i < variants.size(); ++i) {
+    if (variants[i].graph) ms[i] /= variants[i].back_to_back;  // per call
+  }
+  for (cudaGraphExec_t exec : graphs) CHECK_CUDA(cudaGraphExecDestroy(exec));
   for (void* ptr : buffers) CHECK_CUDA(cudaFree(ptr));
   return ms;
 }
@@ -745,7 +770,7 @@ int Main(int argc, char** argv) {
         if (only && argv[3] != std::string(dc.name)) continue;
         if (!Decode(stream, prop.multiProcessorCount, dc, batch, context, size_t{48} << 30,
                     variants  ? all_variants
-                    : latency ? std::vector<DecodeVariant>{kPlain, kBackToBack}
+                    : latency ? std::vector<DecodeVariant>{kPlain, kBackToBack, kGraph}
                               : std::vector<DecodeVariant>{kPlain},
                     &decodes)) {
           std::printf("skipped decode %s batch %d x %lld tokens: over 48 GiB of pages\n", dc.name,
