@@ -170,6 +170,12 @@ fi
 step decode_bench "${BENCH_TIMEOUT:-300}" python3 tests/bench/decode_bench.py \
   --out "$out/decode_bench_py.json" "${kernel_json[@]}" ${BENCH_ARGS:-}
 
+# The peers' table of docs/benchmarks.md, from this run's two JSON files.
+if [ -s "$out/decode_bench_py.json" ] && [ -s "$out/bench.json" ]; then
+  python3 tests/bench/peers_table.py "$out/decode_bench_py.json" "$out/bench.json" \
+    >"$out/peers_table.md" 2>&1 || say "peers_table: FAILED (see $out/peers_table.md)"
+fi
+
 echo
 say "---- summary ----"
 grep -E "^(FAIL|SKIP) " "$out/validate.log" 2>/dev/null | tee -a "$summary"
