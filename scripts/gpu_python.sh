@@ -8,8 +8,9 @@
 #   3. runs tests/gpu/python/validate_external.py (adapters vs FlashInfer and FlexAttention,
 #      kvtier's fused kernel vs all of them), tests/gpu/python/prepared_append_cuda.py (the
 #      prepared append from PyTorch, a CUDA graph replayed), kvtier_gpu_bench if the bundle has
-#      it (kvtier's kernel alone), then tests/bench/decode_bench.py (decode side by side), each under
-#      `timeout`, logs and JSON under $OUT (default ./gpu-out), and prints a summary last.
+#      it (kvtier's kernel alone), then tests/bench/decode_bench.py (decode side by side), each
+#      under `timeout`, logs and JSON under $OUT (default ./gpu-out), then the peers' table
+#      (tests/bench/peers_table.py), and prints a summary last.
 # With the device tool:
 #   run(command="bash scripts/gpu_python.sh", carry=["bundle", ".whl"], kind="nvidia-h200")
 # Here, with network, to (re)fetch the wheels (pinned versions, checked by SHA-256):
@@ -18,8 +19,8 @@
 #   bash scripts/gpu_python.sh --module-only
 # Steps 1 and 2 (used by scripts/gpu_engine.sh when .whl/ is carried, for FlashInfer):
 #   bash scripts/gpu_python.sh --module-and-wheels
-# Environment: VALIDATE_TIMEOUT, APPEND_TIMEOUT, CPP_BENCH_TIMEOUT, BENCH_TIMEOUT (seconds), KVTIER_CPP_BENCH=0
-# to skip kvtier_gpu_bench, BENCH_ARGS (extra decode_bench.py arguments).
+# Environment: VALIDATE_TIMEOUT, APPEND_TIMEOUT, CPP_BENCH_TIMEOUT, BENCH_TIMEOUT (seconds),
+# KVTIER_CPP_BENCH=0 to skip kvtier_gpu_bench, BENCH_ARGS (extra decode_bench.py arguments).
 # See tests/gpu/python/README.md.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

@@ -13,7 +13,8 @@ import re
 import sys
 
 FORMATS = ["fp16", "fp8_e4m3_block_head", "nvfp4_block_head", "balanced_mix"]
-PEERS = [("flashinfer_fp16_tc", "FlashInfer FP16 tc µs"), ("flashinfer_fp8_tc", "FlashInfer FP8 tc µs"),
+PEERS = [("flashinfer_fp16_tc", "FlashInfer FP16 tc µs"),
+         ("flashinfer_fp8_tc", "FlashInfer FP8 tc µs"),
          ("flashinfer_nvfp4_tc", "FlashInfer NVFP4 tc µs")]
 # decode_<format>_b<batch>_ctx<context>k_splits<n>, the plain row (no variant suffix).
 KERNEL_ROW = re.compile(r"decode_(\w+?)_b(\d+)_ctx(\d+)k_splits(\d+)$")
@@ -29,8 +30,9 @@ def kernel_rows(bench):
     for r in bench["decode"]:
         m = KERNEL_ROW.match(r["name"])
         if m:
-            fmt, batch, ctx, splits = m.group(1), int(m.group(2)), int(m.group(3)) * 1024, int(m.group(4))
-            rows[(fmt, batch, ctx)] = (r["median_ms"] * 1e3, r["pct_of_read_roof"], splits)
+            fmt = m.group(1)
+            batch, ctx_k, splits = (int(m.group(i)) for i in (2, 3, 4))
+            rows[(fmt, batch, ctx_k * 1024)] = (r["median_ms"] * 1e3, r["pct_of_read_roof"], splits)
     return rows
 
 

@@ -530,9 +530,9 @@ std::unique_ptr<Cache> OneSequence(Options o, BackendKind backend, int64_t token
 }
 
 // Mixed-format palettes (with NVFP4, and without: page LSEs kept in L2), GQA groups (multiples
-// of 4 load a page's LSEs of 4 heads at once, others one by one, 6 in a partial second load), ragged
-// lengths (short, long enough to split), both layers max-accumulated into one buffer, with and
-// without NaN query heads.
+// of 4 load a page's LSEs of 4 heads at once, others one by one, 6 in a partial second load),
+// ragged lengths (short, long enough to split), both layers max-accumulated into one buffer,
+// with and without NaN query heads.
 TEST(DecodeAttentionTest, PageWeightsMatchTheReference) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(31);
