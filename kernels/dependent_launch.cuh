@@ -6,8 +6,9 @@
 // the gaps between kernels are a visible part of the step.
 //
 // A kernel launched this way must call WaitForPriorKernels before its first read of global
-// memory that earlier stream work writes (its kernel parameters are safe). After a copy or an
-// event, rather than a kernel, the launch is an ordinary stream-ordered one. CUDA graphs capture
+// memory that an earlier kernel of the stream writes (its kernel parameters are safe). After a
+// copy or an event, rather than a kernel, the launch is an ordinary stream-ordered one: memory
+// that only copies write (the decode page tables) may be read before the wait. CUDA graphs capture
 // the dependency (a programmatic edge). KVTIER_CUDA_PDL=off in the environment makes every such
 // launch an ordinary one (read once per process), to measure the difference.
 #ifndef KVTIER_KERNELS_DEPENDENT_LAUNCH_CUH_

@@ -208,16 +208,17 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
 // depth of each warp's ring (kShallowStages or kDeepStages, stage_page.cuh). kPageLse: with
 // page weights (p.page_lse set), how each page's LSE per head is stored there (page_weight.cuh).
 // Without them (kNone) the page sums are never used and compile away: the kernel does no extra
-// work.
-template <int kTiles, int kStages, PageLse kPageLse>
+// work. kUniformV: every format of the palette has one V scale per page (OnlineSoftmax).
+template <int kTiles, int kStages, PageLse kPageLse, bool kUniformV>
 __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
   constexpr bool kPageWeights = kPageLse != PageLse::kNone;
   extern __shared__ __align__(16) uint8_t smem[];
-  // The queries and tables (LaunchDependent). Dependents start as this kernel's blocks exit:
-  // scheduled at its start (TriggerDependents), their waiting blocks slowed it by 1-4%.
-  WaitForPriorKernels();
+  // The page tables, which only copies write (CudaDecodeTables), are read while the kernel
+  // before may still run; the queries and pages after it (LaunchDependent).
   const DecodeBlock k = BlockOf(p);
+  PageRing ring = RingOf<kStages>(p, smem, k);
+  WaitForPriorKernels();
   uint32_t qb[kTiles][8][2];
   LoadQuery<kTiles>(p, k, smem, qb);
   float m_run[2 * kTiles], l_run[2 * kTiles];
@@ -225,7 +226,6 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
   float o[kTiles][8][4];
   InitState<kTiles>(m_run, l_run, o);
 
-  PageRing ring = RingOf<kStages>(p, smem, k);
   PageLseStore<kTiles> page_lse{};
   if constexpr (kPageWeights) page_lse = PageLseStoreOf<kTiles>(p, k, ring.first);
 #pragma unroll
@@ -238,11 +238,15 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     float s[kTiles][4];
     ComputeLogits<kTiles>(pg, k.g, k.c, qb, s);
     uint32_t pb[kTiles][2], pu[kTiles][2];
-    OnlineSoftmax<kTiles>(p, pg, k.g, s, m_run, l_run, unit, inv_unit, o, pb, pu);
+    OnlineSoftmax<kTiles, kUniformV>(p, pg, k.g, s, m_run, l_run, unit, inv_unit, o, pb, pu);
     if constexpr (kPageWeights) StorePageLse<kTiles, kPageLse>(page_lse, m_run, pu);
     AccumulateValues<kTiles>(pg, k.g, k.c, pb, o);
     __syncwarp();  // the buffer is refilled by the next iteration's Stage()
   }
+  // The split merge may be scheduled once every block is past its pages (at batch 1 its launch
+  // is on the critical path); scheduled at the kernel's start, dependents' waiting blocks slowed
+  // it by 1-4%. A launch that is not split lets its dependents start as its blocks exit.
+  if (p.num_splits > 1) TriggerDependents();
   WaitCopies<0>();
   __syncthreads();  // the rings are reused below
 

@@ -85,20 +85,31 @@ bool PlanStaging(PagedDecodeParams& k) {
 
 using Kernel = void (*)(PagedDecodeParams);
 
-// Every instance of the kernel: [wide group][deep ring][page LSE store (PageLse)].
-constexpr Kernel kKernels[2][2][3] = {
-    {{PagedDecodeKernel<1, kShallowStages, PageLse::kNone>,
-      PagedDecodeKernel<1, kShallowStages, PageLse::kStored>,
-      PagedDecodeKernel<1, kShallowStages, PageLse::kKeptInL2>},
-     {PagedDecodeKernel<1, kDeepStages, PageLse::kNone>,
-      PagedDecodeKernel<1, kDeepStages, PageLse::kStored>,
-      PagedDecodeKernel<1, kDeepStages, PageLse::kKeptInL2>}},
-    {{PagedDecodeKernel<2, kShallowStages, PageLse::kNone>,
-      PagedDecodeKernel<2, kShallowStages, PageLse::kStored>,
-      PagedDecodeKernel<2, kShallowStages, PageLse::kKeptInL2>},
-     {PagedDecodeKernel<2, kDeepStages, PageLse::kNone>,
-      PagedDecodeKernel<2, kDeepStages, PageLse::kStored>,
-      PagedDecodeKernel<2, kDeepStages, PageLse::kKeptInL2>}}};
+// Every instance of the kernel of a GQA group and ring depth: [page LSE store (PageLse)][one V
+// scale per page].
+template <int kTiles, int kStages>
+constexpr Kernel kStores[3][2] = {
+    {PagedDecodeKernel<kTiles, kStages, PageLse::kNone, false>,
+     PagedDecodeKernel<kTiles, kStages, PageLse::kNone, true>},
+    {PagedDecodeKernel<kTiles, kStages, PageLse::kStored, false>,
+     PagedDecodeKernel<kTiles, kStages, PageLse::kStored, true>},
+    {PagedDecodeKernel<kTiles, kStages, PageLse::kKeptInL2, false>,
+     PagedDecodeKernel<kTiles, kStages, PageLse::kKeptInL2, true>}};
+
+// Every instance of the kernel: [wide group][deep ring][PageLse][one V scale per page].
+using KernelsByStore = Kernel[3][2];
+constexpr const KernelsByStore* kKernels[2][2] = {
+    {&kStores<1, kShallowStages>, &kStores<1, kDeepStages>},
+    {&kStores<2, kShallowStages>, &kStores<2, kDeepStages>}};
+
+// Whether every format of k's palette has one V scale per page (per block or per tensor), as
+// the kernel's kUniformV needs. REQUIRES: PlanStaging(k).
+bool UniformValueScales(const PagedDecodeParams& k) {
+  for (int f = 0; f < k.num_formats; ++f) {
+    if (k.plans[f].scale_count[1] > 1) return false;
+  }
+  return true;
+}
 
 // Shared memory a multiprocessor gives its blocks (H100, H200: 228 KB), less the 1 KB the
 // runtime keeps per block, divided among the blocks that the registers allow (the kernel's
@@ -132,7 +143,7 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const PageLse store = k.page_weight == nullptr ? PageLse::kNone
                         : PageLsesKeptInL2(k)    ? PageLse::kKeptInL2
                                                  : PageLse::kStored;
-  return {kKernels[wide][deep][static_cast<int>(store)],
+  return {(*kKernels[wide][deep])[static_cast<int>(store)][UniformValueScales(k)],
           static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge))};
 }
 
@@ -146,12 +157,13 @@ cudaError_t RaiseSharedLimit() {
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if ((raised.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
   for (const auto& by_depth : kKernels) {
-    for (const auto& by_store : by_depth) {
-      for (const Kernel f : by_store) {
-        const cudaError_t r =
-            cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(kMostSmem));
-        if (r != cudaSuccess) return r;
+    for (const KernelsByStore* by_store : by_depth) {
+      for (const auto& by_scales : *by_store) {
+        for (const Kernel f : by_scales) {
+          const cudaError_t r = cudaFuncSetAttribute(
+              f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMostSmem));
+          if (r != cudaSuccess) return r;
+        }
       }
     }
   }

@@ -182,12 +182,15 @@ __device__ __forceinline__ float ReduceOverG(float x) {
 }
 
 // Softmax, 1: applies the K scales (and the softmax scale, in log2 units) to the logits, -inf
-// past the sequence's end, and sets vs to the V scales of tokens g and g + 8 (0 past the end).
-// Returns whether one of this lane's logits exceeds its head's running maximum by over kLazy.
+// past the sequence's end, and sets vs to the V scales of tokens g and g + 8 (0 past the end)
+// and v_page to token g's whatever the end (the page's V scale when the scale is uniform: every
+// slot holds it, StagePage). Returns whether one of this lane's logits exceeds its head's
+// running maximum by over kLazy.
 template <int kTiles>
 __device__ __forceinline__ bool ScaleLogits(const PagedDecodeParams& p, const StagedPage& pg,
                                             int g, const float (&m_run)[2 * kTiles],
-                                            float (&s)[kTiles][4], float (&vs)[2]) {
+                                            float (&s)[kTiles][4], float (&vs)[2],
+                                            float& v_page) {
   // Each token's K and V scale slots (StagePage puts a per-block scale in every slot).
   const float* scales = reinterpret_cast<const float*>(pg.page + p.scales_at);
   const float k_mul = pg.plan->scale_mul[0], k_add = pg.plan->scale_add[0];
@@ -198,7 +201,9 @@ __device__ __forceinline__ bool ScaleLogits(const PagedDecodeParams& p, const St
     const int token = g + 8 * n;
     const bool ok = token < pg.valid;
     const float ks = fmaf(scales[token], k_mul, k_add);
-    vs[n] = ok ? fmaf(scales[16 + token], v_mul, v_add) : 0.f;
+    const float v = fmaf(scales[16 + token], v_mul, v_add);
+    if (n == 0) v_page = v;
+    vs[n] = ok ? v : 0.f;
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
 #pragma unroll
@@ -244,31 +249,42 @@ __device__ __forceinline__ void Rescale(bool rescale, const float (&vs)[2],
 }
 
 // Softmax, 3: P^T (the B operand of O^T = V^T P^T), the probabilities times V scale / unit in
-// FP16, and the running sums; pu gets P^T without the V scales (relative to m_run; for the page
-// weights' sums, unused, and so compiled away, unless page weights are kept).
-template <int kTiles>
-__device__ __forceinline__ void Probabilities(const float (&vs)[2], const float (&s)[kTiles][4],
+// FP16, and the running sums; pu gets P^T without the V scales (relative to m_run).
+// kUniformV (every format's V scale is one per page: per block or per tensor): pb is pu times
+// the page's ratio v_page / unit in FP16 (the ratio commutes with the transpose), so that the
+// transposes serve both and page weights' sums cost no transpose of their own. Else pb is
+// transposed from the FP32 products (per-token ratios: a lane's P^T tokens are not its own),
+// and pu is unused, and so compiled away, unless page weights are kept.
+template <int kTiles, bool kUniformV>
+__device__ __forceinline__ void Probabilities(const float (&vs)[2], float v_page,
+                                              const float (&s)[kTiles][4],
                                               const float (&m_run)[2 * kTiles],
                                               float (&l_run)[2 * kTiles], float inv_unit,
                                               uint32_t (&pb)[kTiles][2],
                                               uint32_t (&pu)[kTiles][2]) {
   const float r0 = vs[0] * inv_unit, r1 = vs[1] * inv_unit;
+  const uint32_t r_page = kUniformV ? PackHalf2(v_page * inv_unit, v_page * inv_unit) : 0u;
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
     const float e0 = Exp2(s[t][0] - m_run[2 * t]), e1 = Exp2(s[t][1] - m_run[2 * t + 1]);
     const float e2 = Exp2(s[t][2] - m_run[2 * t]), e3 = Exp2(s[t][3] - m_run[2 * t + 1]);
     l_run[2 * t] += e0 + e2;
     l_run[2 * t + 1] += e1 + e3;
-    pb[t][0] = Transpose8x8(PackHalf2(e0 * r0, e1 * r0));
-    pb[t][1] = Transpose8x8(PackHalf2(e2 * r1, e3 * r1));
     pu[t][0] = Transpose8x8(PackHalf2(e0, e1));
     pu[t][1] = Transpose8x8(PackHalf2(e2, e3));
+    if constexpr (kUniformV) {
+      pb[t][0] = Hmul2(pu[t][0], r_page);
+      pb[t][1] = Hmul2(pu[t][1], r_page);
+    } else {
+      pb[t][0] = Transpose8x8(PackHalf2(e0 * r0, e1 * r0));
+      pb[t][1] = Transpose8x8(PackHalf2(e2 * r1, e3 * r1));
+    }
   }
 }
 
-// Softmax: the page's logits s to P^T, updating the warp's state (InitState); pu as
-// Probabilities.
-template <int kTiles>
+// Softmax: the page's logits s to P^T, updating the warp's state (InitState); pu and kUniformV
+// as Probabilities.
+template <int kTiles, bool kUniformV>
 __device__ __forceinline__ void OnlineSoftmax(const PagedDecodeParams& p, const StagedPage& pg,
                                               int g, float (&s)[kTiles][4],
                                               float (&m_run)[2 * kTiles],
@@ -276,10 +292,10 @@ __device__ __forceinline__ void OnlineSoftmax(const PagedDecodeParams& p, const 
                                               float& inv_unit, float (&o)[kTiles][8][4],
                                               uint32_t (&pb)[kTiles][2],
                                               uint32_t (&pu)[kTiles][2]) {
-  float vs[2];
-  const bool rescale = ScaleLogits<kTiles>(p, pg, g, m_run, s, vs);
+  float vs[2], v_page;
+  const bool rescale = ScaleLogits<kTiles>(p, pg, g, m_run, s, vs, v_page);
   Rescale<kTiles>(rescale, vs, s, m_run, l_run, unit, inv_unit, o);
-  Probabilities<kTiles>(vs, s, m_run, l_run, inv_unit, pb, pu);
+  Probabilities<kTiles, kUniformV>(vs, v_page, s, m_run, l_run, inv_unit, pb, pu);
 }
 
 // PV of one side kind: quarter i of the values (dims 16g + 4i..4i+3 of both token pairs)

@@ -36,26 +36,52 @@ __device__ __forceinline__ float BlockReduce(float x, float* scratch) {
   return x;
 }
 
-// Merges row `row` of p with the block's kThreads threads: the parts' weights exp(s_k - max) go
-// to shared memory a chunk at a time, and thread d accumulates dims d, d + kThreads, ... over
-// the parts (coalesced reads). REQUIRES: every thread of the block calls it.
+// Parts' partial outputs a thread loads together before it adds any (MergeRow).
+constexpr int kMergeLoadsAtOnce = 32;
+
+// Merges row `row` of p with the block's kThreads threads. Thread j loads the LSEs of parts j,
+// j + kThreads, ... once (the first kMergeChunk in registers); their weights exp(s_k - max) go
+// to shared memory a chunk at a time, and thread d accumulates dims d, d + kThreads, ... over the
+// parts, kMergeLoadsAtOnce partial outputs loaded before the first is added (coalesced reads).
+// At batch 1 this merge follows the attention on the critical path: it is bound by its rounds
+// of loads (one of LSEs, one of outputs per kMergeLoadsAtOnce parts), not by bytes.
+// REQUIRES: every thread of the block calls it.
 template <int kThreads>
 __device__ __forceinline__ void MergeRow(const MergeStatesParams& p, int64_t row) {
+  constexpr int kHeld = kMergeChunk / kThreads;  // LSEs of the first chunk a thread holds
+  static_assert(kHeld * kThreads == kMergeChunk, "the first chunk is whole rounds of threads");
   __shared__ float weight[kMergeChunk];
   __shared__ float scratch[kThreads / 32];
+  const float* s = p.s + row;
+  float held[kHeld];
   float m = -INFINITY;
   bool nan = false;
-  for (int k = threadIdx.x; k < p.parts; k += kThreads) {
-    const float s = p.s[k * p.s_part_stride + row];
-    nan |= isnan(s);
-    m = fmaxf(m, s);
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) {
+    const int k = threadIdx.x + kThreads * j;
+    held[j] = k < p.parts ? s[k * p.s_part_stride] : -INFINITY;
+    nan |= isnan(held[j]);
+    m = fmaxf(m, held[j]);
+  }
+  for (int k = threadIdx.x + kMergeChunk; k < p.parts; k += kThreads) {
+    const float x = s[k * p.s_part_stride];
+    nan |= isnan(x);
+    m = fmaxf(m, x);
   }
   m = BlockReduce<kThreads, true>(m, scratch);
   nan = __syncthreads_or(nan) || m == INFINITY;  // e^(+inf - +inf) is NaN, as in MergeStates
   const bool live = m != -INFINITY && !nan;
+  // The sum of the weights, in each thread's order of parts; the first chunk's weights stay in
+  // shared memory (BlockReduce's barrier publishes them).
   float total = 0.f;
-  for (int k = threadIdx.x; k < p.parts; k += kThreads) {
-    total += live ? expf(p.s[k * p.s_part_stride + row] - m) : 0.f;
+#pragma unroll
+  for (int j = 0; j < kHeld; ++j) {
+    const float w = live ? expf(held[j] - m) : 0.f;  // 0 for parts past the last (-inf)
+    weight[threadIdx.x + kThreads * j] = w;
+    total += w;
+  }
+  for (int k = threadIdx.x + kMergeChunk; k < p.parts; k += kThreads) {
+    total += live ? expf(s[k * p.s_part_stride] - m) : 0.f;
   }
   total = BlockReduce<kThreads, false>(total, scratch);
   for (int d0 = 0; d0 < p.head_dim; d0 += kThreads) {
@@ -63,17 +89,29 @@ __device__ __forceinline__ void MergeRow(const MergeStatesParams& p, int64_t row
     float acc = 0.f;
     for (int base = 0; base < p.parts; base += kMergeChunk) {
       const int n = min(kMergeChunk, p.parts - base);
-      __syncthreads();  // the previous chunk's weights have been used
-      for (int k = threadIdx.x; k < n; k += kThreads) {
-        weight[k] = live ? expf(p.s[(base + k) * p.s_part_stride + row] - m) : 0.f;
+      // Past the first chunk (or for a second pass over dims with several chunks) the chunk's
+      // weights are computed again.
+      if (base > 0 || (d0 > 0 && p.parts > kMergeChunk)) {
+        __syncthreads();  // the previous chunk's weights have been used
+        for (int k = threadIdx.x; k < n; k += kThreads) {
+          weight[k] = live ? expf(s[(base + k) * p.s_part_stride] - m) : 0.f;
+        }
+        __syncthreads();
       }
-      __syncthreads();
       if (d < p.head_dim) {
         const float* v = p.v + base * p.v_part_stride + row * p.head_dim + d;
-#pragma unroll 8
-        for (int k = 0; k < n; ++k) {
-          // An empty part (weight 0) may hold anything: it must not reach the sum.
-          if (weight[k] > 0.f) acc += weight[k] * v[k * p.v_part_stride];
+        for (int k0 = 0; k0 < n; k0 += kMergeLoadsAtOnce) {
+          float x[kMergeLoadsAtOnce];
+#pragma unroll
+          for (int j = 0; j < kMergeLoadsAtOnce; ++j) {
+            x[j] = k0 + j < n ? v[(k0 + j) * p.v_part_stride] : 0.f;
+          }
+#pragma unroll
+          for (int j = 0; j < kMergeLoadsAtOnce; ++j) {
+            // An empty part (weight 0) may hold anything: it must not reach the sum.
+            const float w = k0 + j < n ? weight[k0 + j] : 0.f;
+            if (w > 0.f) acc += w * x[j];
+          }
         }
       }
     }

@@ -80,19 +80,26 @@ __device__ __forceinline__ void LoadPageLses(const float* at, int heads, float x
   }
 }
 
+// The packed entries of sequence b: the first, and how many. Read from the page tables, which
+// only copies write, and so before WaitForPriorKernels (dependent_launch.cuh).
+__device__ __forceinline__ int2 EntriesOf(const PagedDecodeParams& p, int b) {
+  const int first = p.packed_indptr[b];
+  return make_int2(first, p.packed_indptr[b + 1] - first);
+}
+
 // Weights block x of sequence b, of kWarps warps: entries x * kWeightEntries ... (kSplit: the
 // final LSEs from the splits' partial ones, else from p.lse; kKeptInL2: the page LSEs were stored
 // with PageLse::kKeptInL2, and are read as streaming; kQuads: the group is a multiple of 4 and
 // p.page_lse 16-byte aligned). A lane loads the final LSEs of kHeadsAtOnce heads and their page
 // LSEs on each of its pages before it waits for any: the loads' latency, not their bytes, bounds
-// this step (a wave of blocks covers batch 64 x 32K). REQUIRES: every thread of the block calls
-// it.
+// this step (a wave of blocks covers batch 64 x 32K). `entries`: EntriesOf(p, b). REQUIRES:
+// every thread of the block calls it, after WaitForPriorKernels.
 template <int kWarps, bool kSplit, bool kKeptInL2, bool kQuads>
-__device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, int b) {
+__device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, int b,
+                                             int2 entries) {
   __shared__ float warp_weight[kWarps][kWeightEntries];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int first = p.packed_indptr[b];
-  const int pages = p.packed_indptr[b + 1] - first;
+  const int first = entries.x, pages = entries.y;
   const int block_page = x * kWeightEntries;
   if (block_page >= pages) return;  // the whole block
   const int group = p.num_q_heads / p.num_kv_heads;
@@ -149,9 +156,10 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
 template <bool kKeptInL2, bool kQuads>
 __global__ void __launch_bounds__(kWeightWarps * 32, 8)
     PageWeightKernel(const PagedDecodeParams p) {
+  const int2 entries = EntriesOf(p, blockIdx.y);
   WaitForPriorKernels();  // the page LSEs and the final LSEs (LaunchDependent)
   TriggerDependents();
-  WeighEntries<kWeightWarps, false, kKeptInL2, kQuads>(p, blockIdx.x, blockIdx.y);
+  WeighEntries<kWeightWarps, false, kKeptInL2, kQuads>(p, blockIdx.x, blockIdx.y, entries);
 }
 
 // Split launch. Block i < m.rows merges row i; block m.rows + y * x_blocks + x is weights block
@@ -159,14 +167,15 @@ __global__ void __launch_bounds__(kWeightWarps * 32, 8)
 template <bool kKeptInL2, bool kQuads>
 __global__ void __launch_bounds__(kMergeWarps * 32, 4)
     MergeAndWeighKernel(const MergeStatesParams m, const PagedDecodeParams p, int x_blocks) {
+  const int64_t i = blockIdx.x;
+  const int w = static_cast<int>(i - m.rows);  // a weights block's index, for i >= m.rows
+  const int2 entries = i < m.rows ? int2{} : EntriesOf(p, w / x_blocks);
   WaitForPriorKernels();  // the partial states and the page LSEs (LaunchDependent)
   TriggerDependents();
-  const int64_t i = blockIdx.x;
   if (i < m.rows) {
     attention::MergeRow<attention::kMergeThreads>(m, i);
   } else {
-    const int w = static_cast<int>(i - m.rows);
-    WeighEntries<kMergeWarps, true, kKeptInL2, kQuads>(p, w % x_blocks, w / x_blocks);
+    WeighEntries<kMergeWarps, true, kKeptInL2, kQuads>(p, w % x_blocks, w / x_blocks, entries);
   }
 }
 
