@@ -215,7 +215,10 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
   constexpr bool kPageWeights = kPageLse != PageLse::kNone;
   extern __shared__ __align__(16) uint8_t smem[];
   // The page tables, which only copies write (CudaDecodeTables), are read while the kernel
-  // before may still run; the queries and pages after it (LaunchDependent).
+  // before may still run; the queries and pages after it (LaunchDependent). Dependents start as
+  // this kernel's blocks exit: scheduled at its start (TriggerDependents), their waiting blocks
+  // slowed it by 1-4%; scheduled once every block was past its pages, batch 1 x 8K steps back to
+  // back by 18-20% (docs/benchmarks.md, session 13).
   const DecodeBlock k = BlockOf(p);
   PageRing ring = RingOf<kStages>(p, smem, k);
   WaitForPriorKernels();
@@ -243,10 +246,6 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     AccumulateValues<kTiles>(pg, k.g, k.c, pb, o);
     __syncwarp();  // the buffer is refilled by the next iteration's Stage()
   }
-  // The split merge may be scheduled once every block is past its pages (at batch 1 its launch
-  // is on the critical path); scheduled at the kernel's start, dependents' waiting blocks slowed
-  // it by 1-4%. A launch that is not split lets its dependents start as its blocks exit.
-  if (p.num_splits > 1) TriggerDependents();
   WaitCopies<0>();
   __syncthreads();  // the rings are reused below
 

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Times builds of kvtier_gpu_bench against each other on a GPU machine, in turns: for each shape,
+# ROUNDS rounds, each running `--only CASE BATCH CONTEXT` of every build once, so that a slow
+# spell of the GPU falls on all builds alike. Then the median of each row over the rounds, per
+# build, beside the first build's.
+#   scripts/gpu_ab.sh DIR "CASE BATCH CONTEXT" ...
+# DIR holds the builds (kvtier_gpu_bench binaries, or gzip files of them, named by variant; the
+# first name in alphabetical order is the reference), and bundle/lib the libraries they load
+# (scripts/gpu_bundle.sh). ROUNDS (default 3); BUILDS (default all): the variant names to time,
+# in that order. Writes every run's rows to $OUT/ab.json (AB_NAME.json with AB_NAME set) and
+# prints the table. With the device tool: run(command="bash scripts/gpu_ab.sh variants 'fp16 1 8192'",
+# carry=["bundle/lib", "variants"]).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$PWD/bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+dir=$1
+shift
+bins=/tmp/ab_bins
+rm -rf "$bins" /tmp/ab_runs && mkdir -p "$bins" /tmp/ab_runs
+for f in "$dir"/*; do
+  name=$(basename "$f" .gz)
+  [ -n "${BUILDS:-}" ] && [[ " $BUILDS " != *" $name "* ]] && continue
+  if [[ $f == *.gz ]]; then gzip -dc "$f" >"$bins/$name"; else cp "$f" "$bins/$name"; fi
+  chmod +x "$bins/$name"
+done
+if [ -n "${BUILDS:-}" ]; then
+  list=()
+  for name in $BUILDS; do list+=("$bins/$name"); done
+else
+  list=("$bins"/*)
+fi
+for shape in "$@"; do
+  read -r case batch context <<<"$shape"
+  for round in $(seq "${ROUNDS:-3}"); do
+    for b in "${list[@]}"; do
+      run=/tmp/ab_runs/$(basename "$b")__${case}_${batch}_${context}__$round.json
+      timeout 120 "$b" "$run" --only "$case" "$batch" "$context" >/dev/null 2>"$run.err" ||
+        { echo "$(basename "$b") $shape round $round failed:"; tail -3 "$run.err"; }
+    done
+  done
+  echo "done: $shape"
+done
+python3 - "$out/${AB_NAME:-ab}.json" /tmp/ab_runs <<'EOF'
+import collections, json, os, statistics, sys
+runs = collections.defaultdict(lambda: collections.defaultdict(list))  # row -> build -> [us]
+builds = []
+for f in sorted(os.listdir(sys.argv[2])):
+    if not f.endswith('.json'):
+        continue
+    build = f.split('__')[0]
+    if build not in builds:
+        builds.append(build)
+    for key, rows in json.load(open(os.path.join(sys.argv[2], f))).items():
+        if isinstance(rows, list) and key not in ('roof', 'read_roof'):
+            for r in rows:
+                if isinstance(r, dict) and 'median_ms' in r:
+                    runs[r['name']][build].append(r['median_ms'] * 1e3)
+json.dump(runs, open(sys.argv[1], 'w'), indent=1)
+ref = builds[0]
+print(f"{'row (median us over rounds)':58s}" + ''.join(f'{b:>18s}' for b in builds))
+for row, by in runs.items():
+    base = statistics.median(by[ref]) if by.get(ref) else None
+    cells = []
+    for b in builds:
+        if not by.get(b):
+            cells.append(f"{'-':>18s}")
+            continue
+        m = statistics.median(by[b])
+        rel = f' {100 * (m / base - 1):+5.1f}%' if base and b != ref else ''
+        cells.append(f'{m:>11.1f}{rel:>7s}')
+    print(f'{row[:58]:58s}' + ''.join(cells))
+EOF
