@@ -250,11 +250,12 @@ __device__ __forceinline__ void Rescale(bool rescale, const float (&vs)[2],
 
 // Softmax, 3: P^T (the B operand of O^T = V^T P^T), the probabilities times V scale / unit in
 // FP16, and the running sums; pu gets P^T without the V scales (relative to m_run).
-// kUniformV (every format's V scale is one per page: per block or per tensor): pb is pu times
-// the page's ratio v_page / unit in FP16 (the ratio commutes with the transpose), so that the
-// transposes serve both and page weights' sums cost no transpose of their own. Else pb is
-// transposed from the FP32 products (per-token ratios: a lane's P^T tokens are not its own),
-// and pu is unused, and so compiled away, unless page weights are kept.
+// kUniformV (every format's V scale is one per page: per block or per tensor): pb is the FP16
+// probabilities times the page's ratio v_page / unit in FP16, transposed, so that one pack
+// serves pb and pu and no FP32 product is needed per probability (times the ratio before the
+// transpose: faster on the H200 than pu times the ratio after it, docs/benchmarks.md session 13).
+// Else pb is packed from the FP32 products (per-token ratios). pu is unused, and so compiled
+// away, unless page weights are kept.
 template <int kTiles, bool kUniformV>
 __device__ __forceinline__ void Probabilities(const float (&vs)[2], float v_page,
                                               const float (&s)[kTiles][4],
@@ -270,14 +271,17 @@ __device__ __forceinline__ void Probabilities(const float (&vs)[2], float v_page
     const float e2 = Exp2(s[t][2] - m_run[2 * t]), e3 = Exp2(s[t][3] - m_run[2 * t + 1]);
     l_run[2 * t] += e0 + e2;
     l_run[2 * t + 1] += e1 + e3;
-    pu[t][0] = Transpose8x8(PackHalf2(e0, e1));
-    pu[t][1] = Transpose8x8(PackHalf2(e2, e3));
     if constexpr (kUniformV) {
-      pb[t][0] = Hmul2(pu[t][0], r_page);
-      pb[t][1] = Hmul2(pu[t][1], r_page);
+      const uint32_t p0 = PackHalf2(e0, e1), p1 = PackHalf2(e2, e3);
+      pb[t][0] = Transpose8x8(Hmul2(p0, r_page));
+      pb[t][1] = Transpose8x8(Hmul2(p1, r_page));
+      pu[t][0] = Transpose8x8(p0);
+      pu[t][1] = Transpose8x8(p1);
     } else {
       pb[t][0] = Transpose8x8(PackHalf2(e0 * r0, e1 * r0));
       pb[t][1] = Transpose8x8(PackHalf2(e2 * r1, e3 * r1));
+      pu[t][0] = Transpose8x8(PackHalf2(e0, e1));
+      pu[t][1] = Transpose8x8(PackHalf2(e2, e3));
     }
   }
 }
