@@ -102,15 +102,6 @@ constexpr const KernelsByStore* kKernels[2][2] = {
     {&kStores<1, kShallowStages>, &kStores<1, kDeepStages>},
     {&kStores<2, kShallowStages>, &kStores<2, kDeepStages>}};
 
-// Whether every format of k's palette has one V scale per page (per block or per tensor), as
-// the kernel's kUniformV needs. REQUIRES: PlanStaging(k).
-bool UniformValueScales(const PagedDecodeParams& k) {
-  for (int f = 0; f < k.num_formats; ++f) {
-    if (k.plans[f].scale_count[1] > 1) return false;
-  }
-  return true;
-}
-
 // Shared memory a multiprocessor gives its blocks (H100, H200: 228 KB), less the 1 KB the
 // runtime keeps per block, divided among the blocks that the registers allow (the kernel's
 // launch bounds: 4 of one query-head tile, 2 of two).
@@ -143,7 +134,7 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const PageLse store = k.page_weight == nullptr ? PageLse::kNone
                         : PageLsesKeptInL2(k)    ? PageLse::kKeptInL2
                                                  : PageLse::kStored;
-  return {(*kKernels[wide][deep])[static_cast<int>(store)][UniformValueScales(k)],
+  return {(*kKernels[wide][deep])[static_cast<int>(store)][ValueScalesUniform(k)],
           static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge))};
 }
 
@@ -219,6 +210,19 @@ cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int
   const int32_t per = std::max<int32_t>(1, (max_pages + splits - 1) / splits);
   *split = {static_cast<int32_t>((std::max(max_pages, 1) + per - 1) / per), per};
   return cudaSuccess;
+}
+
+bool ValueScalesUniform(const PagedDecodeParams& p) {
+  for (int f = 0; f < p.num_formats; ++f) {
+    const PageLayout& l = p.pools[f].layout;
+    const CodecLayout& v = l.v;
+    // As PlanStaging's scale_count[1]: FP16 has no scales, others PageScalesPerHead.
+    if (v.type != ElementType::kFp16 &&
+        PageScalesPerHead(CodecSpec{v.type, v.scope, v.axis}, l.tokens) > 1) {
+      return false;
+    }
+  }
+  return true;
 }
 
 int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_splits) {

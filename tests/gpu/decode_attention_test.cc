@@ -593,16 +593,22 @@ TEST(DecodeAttentionTest, PageWeightsSplitKv) {
   }
 }
 
+// Launch parameters whose pools have the page layouts of `palette` (8 KV heads, 16-token pages,
+// head_dim 128) and nothing else: for the host-side choices of a launch's kernel.
+gpu::PagedDecodeParams PaletteParams(const std::vector<const char*>& palette) {
+  gpu::PagedDecodeParams p;
+  p.num_formats = static_cast<int32_t>(palette.size());
+  for (size_t f = 0; f < palette.size(); ++f) {
+    p.pools[f].layout = MakePageLayout(8, 16, 128, ParseFormat(palette[f]).value());
+  }
+  return p;
+}
+
 // The page LSEs are stored with an L2 evict_last hint exactly for palettes without an NVFP4
 // side (PageLsesKeptInL2: faster for FP16 and FP8, slower with NVFP4, on the H200). Host only.
 TEST(DecodeAttentionTest, PageLsesKeptInL2OnlyWithoutNvfp4) {
   const auto kept = [](const std::vector<const char*>& palette) {
-    gpu::PagedDecodeParams p;
-    p.num_formats = static_cast<int32_t>(palette.size());
-    for (size_t f = 0; f < palette.size(); ++f) {
-      p.pools[f].layout = MakePageLayout(8, 16, 128, ParseFormat(palette[f]).value());
-    }
-    return gpu::PageLsesKeptInL2(p);
+    return gpu::PageLsesKeptInL2(PaletteParams(palette));
   };
   EXPECT_TRUE(kept({"fp16"}));
   EXPECT_TRUE(kept({"fp8_e4m3/block_head"}));
@@ -611,6 +617,21 @@ TEST(DecodeAttentionTest, PageLsesKeptInL2OnlyWithoutNvfp4) {
   EXPECT_FALSE(kept({"k:fp8_e4m3/block_head,v:nvfp4/block_head"}));
   EXPECT_FALSE(
       kept({"fp16", "fp8_e4m3/block_head", "k:nvfp4_channel/block_head,v:nvfp4/block_head"}));
+}
+
+// The kernel multiplies a page's probabilities by one V ratio exactly for palettes whose every
+// format has at most one V scale per page (ValueScalesUniform; K's scales do not matter). Host
+// only.
+TEST(DecodeAttentionTest, UniformValueScalesOnlyWithoutPerTokenVScales) {
+  const auto uniform = [](const std::vector<const char*>& palette) {
+    return gpu::ValueScalesUniform(PaletteParams(palette));
+  };
+  EXPECT_TRUE(uniform({"fp16"}));
+  EXPECT_TRUE(uniform({"fp16", "fp8_e4m3/block_head", "nvfp4/block_head"}));
+  EXPECT_TRUE(uniform({"fp8_e5m2/tensor", "nvfp4/tensor", "nvfp4_channel/block_head"}));
+  EXPECT_TRUE(uniform({"k:fp8_e4m3/token_head,v:fp8_e4m3/block_head"}));
+  EXPECT_FALSE(uniform({"fp8_e4m3/token_head"}));
+  EXPECT_FALSE(uniform({"fp16", "fp8_e4m3/block_head", "k:fp16,v:fp8_e5m2/token_head"}));
 }
 
 // A page_weight span of other than one float per packed entry: InvalidArgument on both
