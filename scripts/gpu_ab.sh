@@ -2,14 +2,14 @@
 # Times builds of kvtier_gpu_bench against each other on a GPU machine, in turns: for each shape,
 # ROUNDS rounds, each running `--only CASE BATCH CONTEXT` of every build once, so that a slow
 # spell of the GPU falls on all builds alike. Then the median of each row over the rounds, per
-# build, beside the first build's.
+# build, beside the reference build's.
 #   scripts/gpu_ab.sh DIR "CASE BATCH CONTEXT" ...
 # DIR holds the builds (kvtier_gpu_bench binaries, or gzip files of them, named by variant; the
 # first name in alphabetical order is the reference), and bundle/lib the libraries they load
 # (scripts/gpu_bundle.sh). ROUNDS (default 3); BUILDS (default all): the variant names to time,
 # in that order. Writes every run's rows to $OUT/ab.json (AB_NAME.json with AB_NAME set) and
-# prints the table. With the device tool: run(command="bash scripts/gpu_ab.sh variants 'fp16 1 8192'",
-# carry=["bundle/lib", "variants"]).
+# prints the table. With the device tool:
+#   run(command="bash scripts/gpu_ab.sh variants 'fp16 1 8192'", carry=["bundle/lib", "variants"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-out}
@@ -19,18 +19,17 @@ dir=$1
 shift
 bins=/tmp/ab_bins
 rm -rf "$bins" /tmp/ab_runs && mkdir -p "$bins" /tmp/ab_runs
-for f in "$dir"/*; do
-  name=$(basename "$f" .gz)
-  [ -n "${BUILDS:-}" ] && [[ " $BUILDS " != *" $name "* ]] && continue
-  if [[ $f == *.gz ]]; then gzip -dc "$f" >"$bins/$name"; else cp "$f" "$bins/$name"; fi
+names=${BUILDS:-$(for f in "$dir"/*; do basename "$f" .gz; done)}
+list=()
+for name in $names; do
+  if [ -f "$dir/$name.gz" ]; then
+    gzip -dc "$dir/$name.gz" >"$bins/$name"
+  else
+    cp "$dir/$name" "$bins/$name"
+  fi
   chmod +x "$bins/$name"
+  list+=("$bins/$name")
 done
-if [ -n "${BUILDS:-}" ]; then
-  list=()
-  for name in $BUILDS; do list+=("$bins/$name"); done
-else
-  list=("$bins"/*)
-fi
 for shape in "$@"; do
   read -r case batch context <<<"$shape"
   for round in $(seq "${ROUNDS:-3}"); do

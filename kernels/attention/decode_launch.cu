@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/attention/decode_kernel.cuh"
 #include "kernels/attention/page_weight.cuh"
@@ -33,6 +35,14 @@ using attention::PageLse;
 
 bool AllFp16(const PageLayout& l) {
   return l.k.type == ElementType::kFp16 && l.v.type == ElementType::kFp16;
+}
+
+// FP32 scales per head that a page of layout l holds for side c: none for FP16 (unscaled),
+// else PageScalesPerHead (16 per token, 1 per block, 0 per tensor).
+uint32_t SideScalesPerHead(const PageLayout& l, const CodecLayout& c) {
+  return c.type == ElementType::kFp16
+             ? 0
+             : PageScalesPerHead(CodecSpec{c.type, c.scope, c.axis}, l.tokens);
 }
 
 // Fills k's format plans, stage_bytes and scales_at from its pools. Returns false for a layout
@@ -65,8 +75,7 @@ bool PlanStaging(PagedDecodeParams& k) {
       plan.src[side] = c.payload_offset;
       plan.src[2 + side] = nvfp4 ? c.micro_offset : 0;
       const bool scaled = c.type != ElementType::kFp16;
-      plan.scale_count[side] =
-          !scaled ? 0 : PageScalesPerHead(CodecSpec{c.type, c.scope, c.axis}, l.tokens);
+      plan.scale_count[side] = SideScalesPerHead(l, c);
       plan.scale_src[side] = plan.scale_count[side] > 0 ? l.ScaleOffset(c, 0, 0) : 0;
       const float fill = plan.scale_count[side] > 0 ? 0.f : scaled ? tensor[side] : 1.f;
       const float mul = nvfp4 ? 128.f : 1.f;
@@ -85,22 +94,23 @@ bool PlanStaging(PagedDecodeParams& k) {
 
 using Kernel = void (*)(PagedDecodeParams);
 
-// Every instance of the kernel of a GQA group and ring depth: [page LSE store (PageLse)][one V
-// scale per page].
-template <int kTiles, int kStages>
-constexpr Kernel kStores[3][2] = {
-    {PagedDecodeKernel<kTiles, kStages, PageLse::kNone, false>,
-     PagedDecodeKernel<kTiles, kStages, PageLse::kNone, true>},
-    {PagedDecodeKernel<kTiles, kStages, PageLse::kStored, false>,
-     PagedDecodeKernel<kTiles, kStages, PageLse::kStored, true>},
-    {PagedDecodeKernel<kTiles, kStages, PageLse::kKeptInL2, false>,
-     PagedDecodeKernel<kTiles, kStages, PageLse::kKeptInL2, true>}};
+// Every instance of the kernel, instance i = ((wide * 2 + deep) * 3 + PageLse) * 2 + uniform V
+// scales (KernelIndex): kTiles 1 or 2 (wide), the shallow or deep ring, the page LSE store, and
+// kUniformV.
+template <size_t i>
+constexpr Kernel kInstance =
+    PagedDecodeKernel<static_cast<int>(i / 12) + 1, (i / 6) % 2 == 1 ? kDeepStages : kShallowStages,
+                      static_cast<PageLse>(i / 2 % 3), i % 2 == 1>;
+template <size_t... i>
+constexpr std::array<Kernel, sizeof...(i)> Instances(std::index_sequence<i...>) {
+  return {kInstance<i>...};
+}
+constexpr std::array<Kernel, 24> kKernels = Instances(std::make_index_sequence<24>());
 
-// Every instance of the kernel: [wide group][deep ring][PageLse][one V scale per page].
-using KernelsByStore = Kernel[3][2];
-constexpr const KernelsByStore* kKernels[2][2] = {
-    {&kStores<1, kShallowStages>, &kStores<1, kDeepStages>},
-    {&kStores<2, kShallowStages>, &kStores<2, kDeepStages>}};
+constexpr size_t KernelIndex(bool wide, bool deep, PageLse store, bool uniform_v) {
+  return ((static_cast<size_t>(wide) * 2 + deep) * 3 + static_cast<size_t>(store)) * 2 +
+         uniform_v;
+}
 
 // Shared memory a multiprocessor gives its blocks (H100, H200: 228 KB), less the 1 KB the
 // runtime keeps per block, divided among the blocks that the registers allow (the kernel's
@@ -134,7 +144,7 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const PageLse store = k.page_weight == nullptr ? PageLse::kNone
                         : PageLsesKeptInL2(k)    ? PageLse::kKeptInL2
                                                  : PageLse::kStored;
-  return {(*kKernels[wide][deep])[static_cast<int>(store)][ValueScalesUniform(k)],
+  return {kKernels[KernelIndex(wide, deep, store, ValueScalesUniform(k))],
           static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge))};
 }
 
@@ -147,16 +157,10 @@ cudaError_t RaiseSharedLimit() {
   if (got != cudaSuccess) return got;
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if ((raised.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
-  for (const auto& by_depth : kKernels) {
-    for (const KernelsByStore* by_store : by_depth) {
-      for (const auto& by_scales : *by_store) {
-        for (const Kernel f : by_scales) {
-          const cudaError_t r = cudaFuncSetAttribute(
-              f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMostSmem));
-          if (r != cudaSuccess) return r;
-        }
-      }
-    }
+  for (const Kernel f : kKernels) {
+    const cudaError_t r = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kMostSmem));
+    if (r != cudaSuccess) return r;
   }
   raised.fetch_or(bit, std::memory_order_relaxed);
   return cudaSuccess;
@@ -215,12 +219,7 @@ cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int
 bool ValueScalesUniform(const PagedDecodeParams& p) {
   for (int f = 0; f < p.num_formats; ++f) {
     const PageLayout& l = p.pools[f].layout;
-    const CodecLayout& v = l.v;
-    // As PlanStaging's scale_count[1]: FP16 has no scales, others PageScalesPerHead.
-    if (v.type != ElementType::kFp16 &&
-        PageScalesPerHead(CodecSpec{v.type, v.scope, v.axis}, l.tokens) > 1) {
-      return false;
-    }
+    if (SideScalesPerHead(l, l.v) > 1) return false;
   }
   return true;
 }

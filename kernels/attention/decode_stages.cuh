@@ -263,7 +263,6 @@ __device__ __forceinline__ void Probabilities(const float (&vs)[2], float v_page
                                               float (&l_run)[2 * kTiles], float inv_unit,
                                               uint32_t (&pb)[kTiles][2],
                                               uint32_t (&pu)[kTiles][2]) {
-  const float r0 = vs[0] * inv_unit, r1 = vs[1] * inv_unit;
   const uint32_t r_page = kUniformV ? PackHalf2(v_page * inv_unit, v_page * inv_unit) : 0u;
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
@@ -278,6 +277,7 @@ __device__ __forceinline__ void Probabilities(const float (&vs)[2], float v_page
       pu[t][0] = Transpose8x8(p0);
       pu[t][1] = Transpose8x8(p1);
     } else {
+      const float r0 = vs[0] * inv_unit, r1 = vs[1] * inv_unit;
       pb[t][0] = Transpose8x8(PackHalf2(e0 * r0, e1 * r0));
       pb[t][1] = Transpose8x8(PackHalf2(e2 * r1, e3 * r1));
       pu[t][0] = Transpose8x8(PackHalf2(e0, e1));
