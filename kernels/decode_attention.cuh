@@ -72,7 +72,8 @@ struct PagedDecodeParams {
   // heads' LSEs are final, the launch stores max(page_weight[e], the largest exp(page LSE - LSE)
   // of a head whose LSE is finite) in page_weight[e] for every entry e of the batch (device
   // [packed_indptr[batch]]), by atomicMax on the bits (non-negative floats order as integers).
-  // REQUIRES: page_lse when page_weight is set.
+  // REQUIRES: page_lse when page_weight is set, of at most 2^32 - 1 floats (the kernel indexes
+  // it with 32 bits, PageLseStore).
   float* page_weight = nullptr;
   float* page_lse = nullptr;
   // Set by LaunchPagedDecode: how each format's page is staged in shared memory and decoded.

@@ -48,10 +48,14 @@ enum class PageLse { kNone, kStored, kKeptInL2 };
 
 // Where a warp's page LSEs go. Lane (g, c) holds the running maxima of heads 8t + 2c and
 // 8t + 2c + 1 (as StoreWarpState); the lanes g = 0 store those heads' page LSEs.
+// The position is a 32-bit index into p.page_lse, not a pointer: two registers fewer in a loop
+// that runs at the register limit, and one instruction to step it instead of six (64-bit
+// pointer arithmetic), which took the page weights' cost at NVFP4 batch 64 x 32K from +7.3% to
+// +6.4% of the plain decode (H200, docs/benchmarks.md, session 14).
 template <int kTiles>
 struct PageLseStore {
-  float* next;              // head 2c (tile 0) of the warp's next page
-  int stride;               // floats from one of the warp's pages to its next
+  uint32_t next;            // p.page_lse index of head 2c (tile 0) of the warp's next page
+  uint32_t stride;          // floats from one of the warp's pages to its next
   bool stores[2 * kTiles];  // whether this lane stores head 8t + 2c + h (index 2t + h)
 };
 
@@ -60,8 +64,8 @@ __device__ __forceinline__ PageLseStore<kTiles> PageLseStoreOf(const PagedDecode
                                                                const DecodeBlock& k,
                                                                int first_page) {
   PageLseStore<kTiles> out;
-  out.next =
-      p.page_lse + PageLseIndex(p, k.first_entry, k.pages, k.kv_head, first_page, 2 * k.c);
+  out.next = static_cast<uint32_t>(
+      PageLseIndex(p, k.first_entry, k.pages, k.kv_head, first_page, 2 * k.c));
   out.stride = kWarps * k.group;
 #pragma unroll
   for (int h = 0; h < 2 * kTiles; ++h) {
@@ -85,7 +89,8 @@ __device__ __forceinline__ void StoreKeptInL2(float* at, float x) {
 // page's sum, which one product of a matrix of ones and pu puts in every lane, for the heads of
 // its m_run (no shuffles). REQUIRES: every lane of the warp calls it.
 template <int kTiles, PageLse kPageLse>
-__device__ __forceinline__ void StorePageLse(PageLseStore<kTiles>& out,
+__device__ __forceinline__ void StorePageLse(const PagedDecodeParams& p,
+                                             PageLseStore<kTiles>& out,
                                              const float (&m_run)[2 * kTiles],
                                              const uint32_t (&pu)[kTiles][2]) {
   constexpr uint32_t kOnes = 0x3C003C00u;  // two FP16 ones
@@ -98,7 +103,7 @@ __device__ __forceinline__ void StorePageLse(PageLseStore<kTiles>& out,
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (out.stores[2 * t + h]) {
-        float* const at = out.next + 8 * t + h;
+        float* const at = p.page_lse + out.next + 8 * t + h;
         const float lse = m_run[2 * t + h] + Log2(sum[h]);
         if constexpr (kPageLse == PageLse::kKeptInL2) {
           StoreKeptInL2(at, lse);

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -170,6 +171,11 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
     // call (stream-ordered, capturable), so that calls on several streams never share it.
     const int64_t page_lse = gpu::PageLseFloats(static_cast<int64_t>(tables.packed_capacity()),
                                                 queries.num_q_heads);
+    if (page_lse > int64_t{UINT32_MAX}) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page weights over ", tables.packed_capacity(), " packed entries x ",
+          queries.num_q_heads, " query heads: the kernel indexes at most 2^32 - 1 page LSEs"));
+    }
     KVTIER_ASSIGN_OR_RETURN(p.page_lse, buffers.Allocate<float>(static_cast<size_t>(page_lse)));
     p.page_weight = outputs.page_weight.data();
   }

@@ -663,6 +663,33 @@ TEST(DecodeAttentionTest, PageWeightOfTheWrongSizeIsRefused) {
   }
 }
 
+// The kernel indexes its page-LSE scratch with 32 bits: page weights over a prepared step whose
+// capacity (max_pages x sequences) times the query heads passes 2^32 - 1 are refused, with the
+// reason, before anything is launched; the same step without page weights attends.
+TEST(DecodeAttentionTest, PageWeightsOverTooManyEntriesAreRefused) {
+  KVTIER_REQUIRE_GPU();
+  PageTables t;
+  const std::unique_ptr<Cache> cache =
+      OneSequence(MakeOptions({"fp16"}, 64), BackendKind::kCuda, 40, &t);
+  const int q_heads = 8 * 16, d = 128;  // groups of 16: the smallest capacity that passes
+  const auto max_pages = static_cast<int32_t>((int64_t{1} << 32) / q_heads + 1);  // 128 MiB
+  absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(*cache, t, {}, max_pages);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const size_t entries = t.packed.size();
+  DeviceBuffer q(q_heads * d * 4), out(q_heads * d * 4), lse(q_heads * 4), weight(entries * 4);
+  cudaMemset(q.data(), 0, q_heads * d * 4);
+  const DecodeQueries queries{
+      absl::MakeConstSpan(static_cast<const float*>(q.data()), q_heads * d), q_heads, 0.088f};
+  DecodeOutputs outputs{absl::MakeSpan(static_cast<float*>(out.data()), q_heads * d),
+                        absl::MakeSpan(static_cast<float*>(lse.data()), q_heads), {}, 0,
+                        absl::MakeSpan(static_cast<float*>(weight.data()), entries)};
+  const absl::Status refused = DecodeAttention(*cache, 0, *step, queries, outputs);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("2^32"), std::string::npos) << refused;
+  outputs.page_weight = {};
+  EXPECT_TRUE(DecodeAttention(*cache, 0, *step, queries, outputs, {nullptr, true}).ok());
+}
+
 // Holds back the work enqueued on `stream` after it by 100 ms (a host function that sleeps).
 void HoldBack(cudaStream_t stream) {
   const cudaError_t e = cudaLaunchHostFunc(
