@@ -72,8 +72,8 @@ struct PagedDecodeParams {
   // heads' LSEs are final, the launch stores max(page_weight[e], the largest exp(page LSE - LSE)
   // of a head whose LSE is finite) in page_weight[e] for every entry e of the batch (device
   // [packed_indptr[batch]]), by atomicMax on the bits (non-negative floats order as integers).
-  // REQUIRES: page_lse when page_weight is set, of at most 2^32 - 1 floats (the kernel indexes
-  // it with 32 bits, PageLseStore).
+  // REQUIRES: page_lse when page_weight is set, 8-byte aligned (pairs of heads are stored
+  // together), of at most 2^32 - 1 floats (the kernel indexes it with 32 bits, PageLseStore).
   float* page_weight = nullptr;
   float* page_lse = nullptr;
   // Set by LaunchPagedDecode: how each format's page is staged in shared memory and decoded.
@@ -113,8 +113,9 @@ cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int
 // Floats of workspace a launch with these shapes needs (0 when num_splits == 1).
 int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_splits);
 
-// Floats of page_lse a launch over `entries` packed entries needs.
-int64_t PageLseFloats(int64_t entries, int32_t num_q_heads);
+// Floats of page_lse a launch over `entries` packed entries needs (a GQA group's row of page
+// LSEs is padded to an even count, PageLseRow in page_weight.cuh).
+int64_t PageLseFloats(int64_t entries, int32_t num_q_heads, int32_t num_kv_heads);
 
 // Whether a launch with page weights stores its page LSEs with an L2 evict_last hint (and its
 // weights blocks read them as streaming): when no format of p's palette has an NVFP4 side.

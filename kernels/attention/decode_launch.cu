@@ -232,7 +232,8 @@ int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_sp
 cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   if (!ValidShapes(p) || p.num_splits < 1 || p.pages_per_split < 1 ||
       (p.num_splits > 1 && p.workspace == nullptr) ||
-      (p.page_weight != nullptr && p.page_lse == nullptr)) {
+      (p.page_weight != nullptr &&
+       (p.page_lse == nullptr || reinterpret_cast<uintptr_t>(p.page_lse) % sizeof(float2) != 0))) {
     return cudaErrorInvalidValue;
   }
   if (p.batch == 0) return cudaSuccess;

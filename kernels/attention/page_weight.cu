@@ -64,8 +64,9 @@ __device__ __forceinline__ float FinalLse(const PagedDecodeParams& p, int64_t ro
   return kSplit ? SplitLse(p, row, lane) : p.lse[row];
 }
 
-// A page's LSEs of kHeadsAtOnce query heads from `at` on; those of heads >= `heads` are -inf
-// and never read. kQuad: at is 16-byte aligned and heads >= 4 (one vector load).
+// A page's LSEs of kHeadsAtOnce query heads from `at` on; those of heads >= `heads` are never
+// used (-inf, or with kQuad the row's padding or a later head, whose final LSE the caller makes
+// NaN). kQuad: at is 16-byte aligned and its row holds 4 floats from it (one vector load).
 template <bool kQuad, bool kKeptInL2>
 __device__ __forceinline__ void LoadPageLses(const float* at, int heads, float x[kHeadsAtOnce]) {
   if constexpr (kQuad) {
@@ -89,11 +90,12 @@ __device__ __forceinline__ int2 EntriesOf(const PagedDecodeParams& p, int b) {
 
 // Weights block x of sequence b, of kWarps warps: entries x * kWeightEntries ... (kSplit: the
 // final LSEs from the splits' partial ones, else from p.lse; kKeptInL2: the page LSEs were stored
-// with PageLse::kKeptInL2, and are read as streaming; kQuads: the group is a multiple of 4 and
-// p.page_lse 16-byte aligned). A lane loads the final LSEs of kHeadsAtOnce heads and their page
-// LSEs on each of its pages before it waits for any: the loads' latency, not their bytes, bounds
-// this step (a wave of blocks covers batch 64 x 32K). `entries`: EntriesOf(p, b). REQUIRES:
-// every thread of the block calls it, after WaitForPriorKernels.
+// with PageLse::kKeptInL2, and are read as streaming; kQuads: a page's row of LSEs (PageLseRow)
+// is a multiple of 4 floats and p.page_lse 16-byte aligned). A lane loads the final LSEs of
+// kHeadsAtOnce heads and their page LSEs on each of its pages before it waits for any: the
+// loads' latency, not their bytes, bounds this step (a wave of blocks covers batch 64 x 32K).
+// `entries`: EntriesOf(p, b). REQUIRES: every thread of the block calls it, after
+// WaitForPriorKernels.
 template <int kWarps, bool kSplit, bool kKeptInL2, bool kQuads>
 __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, int b,
                                              int2 entries) {
@@ -102,7 +104,7 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
   const int first = entries.x, pages = entries.y;
   const int block_page = x * kWeightEntries;
   if (block_page >= pages) return;  // the whole block
-  const int group = p.num_q_heads / p.num_kv_heads;
+  const int group = p.num_q_heads / p.num_kv_heads, lse_row = attention::PageLseRow(group);
   const int64_t first_row = static_cast<int64_t>(b) * p.num_q_heads;
   // Lane's page of each round; past the sequence's end, its last page (read, never kept), so
   // that every round's load is issued unconditionally.
@@ -123,7 +125,7 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
       float x[kWeightRounds][kHeadsAtOnce];
 #pragma unroll
       for (int r = 0; r < kWeightRounds; ++r) {
-        LoadPageLses<kQuads, kKeptInL2>(page_lse + static_cast<int64_t>(page[r]) * group, heads,
+        LoadPageLses<kQuads, kKeptInL2>(page_lse + static_cast<int64_t>(page[r]) * lse_row, heads,
                                         x[r]);
       }
 #pragma unroll
@@ -187,8 +189,8 @@ int WeightBlocks(const PagedDecodeParams& p) {
 
 // Whether p's weights blocks load a page's LSEs of 4 heads at once (WeighEntries' kQuads).
 bool LoadsQuads(const PagedDecodeParams& p) {
-  const int group = p.num_q_heads / p.num_kv_heads;
-  return group % kHeadsAtOnce == 0 &&
+  const int row = attention::PageLseRow(p.num_q_heads / p.num_kv_heads);
+  return row % kHeadsAtOnce == 0 &&
          reinterpret_cast<uintptr_t>(p.page_lse) % sizeof(float4) == 0;
 }
 
@@ -202,8 +204,8 @@ constexpr decltype(&MergeAndWeighKernel<false, false>) kMergeAndWeighKernels[2][
 
 }  // namespace
 
-int64_t PageLseFloats(int64_t entries, int32_t num_q_heads) {
-  return entries * num_q_heads;
+int64_t PageLseFloats(int64_t entries, int32_t num_q_heads, int32_t num_kv_heads) {
+  return entries * num_kv_heads * attention::PageLseRow(num_q_heads / num_kv_heads);
 }
 
 bool PageLsesKeptInL2(const PagedDecodeParams& p) {

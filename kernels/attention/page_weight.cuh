@@ -33,12 +33,17 @@ __device__ __forceinline__ float Log2(float x) {
   return y;
 }
 
+// The floats of one (page, KV head)'s row of page LSEs: the GQA group rounded up to even, so
+// that a lane stores its two heads' LSEs with one 8-byte store (an odd group's last slot is
+// written, never read).
+__host__ __device__ constexpr int PageLseRow(int group) { return group + group % 2; }
+
 // The index in page_lse of query head h of KV head kv_head's group at page `page` of a sequence
 // whose packed entries start at `first_entry` and number `pages`.
 __device__ __forceinline__ int64_t PageLseIndex(const PagedDecodeParams& p, int64_t first_entry,
                                                 int pages, int kv_head, int page, int h) {
-  const int group = p.num_q_heads / p.num_kv_heads;
-  return first_entry * p.num_q_heads + (static_cast<int64_t>(kv_head) * pages + page) * group + h;
+  const int row = PageLseRow(p.num_q_heads / p.num_kv_heads);
+  return (first_entry * p.num_kv_heads + static_cast<int64_t>(kv_head) * pages + page) * row + h;
 }
 
 // How a decode launch stores its page LSEs: not at all (no page weights), plainly, or with an L2
@@ -47,16 +52,17 @@ __device__ __forceinline__ int64_t PageLseIndex(const PagedDecodeParams& p, int6
 enum class PageLse { kNone, kStored, kKeptInL2 };
 
 // Where a warp's page LSEs go. Lane (g, c) holds the running maxima of heads 8t + 2c and
-// 8t + 2c + 1 (as StoreWarpState); the lanes g = 0 store those heads' page LSEs.
+// 8t + 2c + 1 (as StoreWarpState); the lanes g = 0 store those heads' page LSEs, as a pair.
 // The position is a 32-bit index into p.page_lse, not a pointer: two registers fewer in a loop
 // that runs at the register limit, and one instruction to step it instead of six (64-bit
-// pointer arithmetic), which took the page weights' cost at NVFP4 batch 64 x 32K from +7.3% to
-// +6.4% of the plain decode (H200, docs/benchmarks.md, session 14).
+// pointer arithmetic); and the pair is one 8-byte store (PageLseRow). Together they took the
+// page weights' cost at NVFP4 batch 64 x 32K from +7.3% to about +5.7% of the plain decode
+// (H200, docs/benchmarks.md, session 14).
 template <int kTiles>
 struct PageLseStore {
   uint32_t next;            // p.page_lse index of head 2c (tile 0) of the warp's next page
   uint32_t stride;          // floats from one of the warp's pages to its next
-  bool stores[2 * kTiles];  // whether this lane stores head 8t + 2c + h (index 2t + h)
+  bool stores[kTiles];      // whether this lane stores heads 8t + 2c and 8t + 2c + 1
 };
 
 template <int kTiles>
@@ -66,20 +72,20 @@ __device__ __forceinline__ PageLseStore<kTiles> PageLseStoreOf(const PagedDecode
   PageLseStore<kTiles> out;
   out.next = static_cast<uint32_t>(
       PageLseIndex(p, k.first_entry, k.pages, k.kv_head, first_page, 2 * k.c));
-  out.stride = kWarps * k.group;
+  out.stride = kWarps * PageLseRow(k.group);
 #pragma unroll
-  for (int h = 0; h < 2 * kTiles; ++h) {
-    out.stores[h] = k.g == 0 && 8 * (h / 2) + 2 * k.c + h % 2 < k.group;
-  }
+  for (int t = 0; t < kTiles; ++t) out.stores[t] = k.g == 0 && 8 * t + 2 * k.c < k.group;
   return out;
 }
 
-// Stores a float, marked for L2 to keep over other lines (evict_last): the weights blocks read
-// it back soon, and so it need not reach memory in between, where a decode reads at its roof.
-__device__ __forceinline__ void StoreKeptInL2(float* at, float x) {
+// Stores two floats, marked for L2 to keep over other lines (evict_last): the weights blocks
+// read them back soon, and so they need not reach memory in between, where a decode reads at
+// its roof. REQUIRES: `at` is 8-byte aligned.
+__device__ __forceinline__ void StoreKeptInL2(float2* at, float2 x) {
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-  asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;\n" ::"l"(at), "f"(x), "l"(policy)
+  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(at), "f"(x.x),
+               "f"(x.y), "l"(policy)
                : "memory");
 }
 
@@ -100,16 +106,13 @@ __device__ __forceinline__ void StorePageLse(const PagedDecodeParams& p,
     float sum[4] = {0.f, 0.f, 0.f, 0.f};  // rows g and g + 8 of (sums over tokens) x heads
     Mma(sum, ones, pu[t][0]);             // tokens 0-7, then 8-15: two products of k = 8
     Mma(sum, ones, pu[t][1]);             // take a pair of registers of ones, not four
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (out.stores[2 * t + h]) {
-        float* const at = p.page_lse + out.next + 8 * t + h;
-        const float lse = m_run[2 * t + h] + Log2(sum[h]);
-        if constexpr (kPageLse == PageLse::kKeptInL2) {
-          StoreKeptInL2(at, lse);
-        } else {
-          *at = lse;
-        }
+    if (out.stores[t]) {  // heads 8t + 2c and 8t + 2c + 1: an even index (PageLseRow)
+      float2* const at = reinterpret_cast<float2*>(p.page_lse + out.next + 8 * t);
+      const float2 lse = make_float2(m_run[2 * t] + Log2(sum[0]), m_run[2 * t + 1] + Log2(sum[1]));
+      if constexpr (kPageLse == PageLse::kKeptInL2) {
+        StoreKeptInL2(at, lse);
+      } else {
+        *at = lse;
       }
     }
   }

@@ -170,7 +170,7 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
     // Sized for the tables' capacity, so that a captured call replays over grown tables; per
     // call (stream-ordered, capturable), so that calls on several streams never share it.
     const int64_t page_lse = gpu::PageLseFloats(static_cast<int64_t>(tables.packed_capacity()),
-                                                queries.num_q_heads);
+                                                queries.num_q_heads, kv.num_kv_heads);
     if (page_lse > int64_t{UINT32_MAX}) {
       return absl::InvalidArgumentError(absl::StrCat(
           "page weights over ", tables.packed_capacity(), " packed entries x ",

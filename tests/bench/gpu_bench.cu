@@ -524,7 +524,6 @@ constexpr DecodeVariant kGraph = {"_graph", false, false, 32, false, true};
 std::vector<double> TimeDecode(cudaStream_t stream, const gpu::PagedDecodeParams& p,
                                const std::vector<DecodeVariant>& variants, int64_t entries,
                                int runs) {
-  constexpr int kQHeads = 32;
   std::vector<void*> buffers;
   std::vector<cudaGraphExec_t> graphs;
   std::vector<int> inner;
@@ -535,7 +534,8 @@ std::vector<double> TimeDecode(cudaStream_t stream, const gpu::PagedDecodeParams
     q.key_rotation_seed = 0x5EED;
     if (v.page_weight) {
       void *d_page_lse = nullptr, *d_weight = nullptr;
-      CHECK_CUDA(cudaMalloc(&d_page_lse, gpu::PageLseFloats(entries, kQHeads) * 4));
+      const int64_t lse_floats = gpu::PageLseFloats(entries, p.num_q_heads, p.num_kv_heads);
+      CHECK_CUDA(cudaMalloc(&d_page_lse, lse_floats * 4));
       CHECK_CUDA(cudaMalloc(&d_weight, entries * 4));
       CHECK_CUDA(cudaMemsetAsync(d_weight, 0, entries * 4, stream));
       buffers.push_back(d_page_lse);

@@ -529,10 +529,11 @@ std::unique_ptr<Cache> OneSequence(Options o, BackendKind backend, int64_t token
   return cache;
 }
 
-// Mixed-format palettes (with NVFP4, and without: page LSEs kept in L2), GQA groups (multiples
-// of 4 load a page's LSEs of 4 heads at once, others one by one, 6 in a partial second load),
-// ragged lengths (short, long enough to split), both layers max-accumulated into one buffer,
-// with and without NaN query heads.
+// Mixed-format palettes (with NVFP4, and without: page LSEs kept in L2), GQA groups (rows of
+// page LSEs padded to even, PageLseRow: groups 4, 7 (a row of 8 with its padding) 8 and 16 load
+// a page's LSEs of 4 heads at once, 1 (a row of 2) and 6 one by one, 6 in a partial second
+// load), ragged lengths (short, long enough to split), both layers max-accumulated into one
+// buffer, with and without NaN query heads.
 TEST(DecodeAttentionTest, PageWeightsMatchTheReference) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(31);
@@ -541,7 +542,7 @@ TEST(DecodeAttentionTest, PageWeightsMatchTheReference) {
     auto pair = CachePair::Create(PaletteOptions(Geometry{2, 8, 128, 16}, palette, 512)).value();
     const std::vector<SequenceId> seqs =
         Fill(*pair, {300, 1, 17, 16, 100, 0, 2049, 5000, TestScale(16384)}, &rng);
-    for (int group : {1, 4, 6, 8, 16}) {
+    for (int group : {1, 4, 6, 7, 8, 16}) {
       for (bool nan_heads : {false, true}) {
         EXPECT_EQ(ComparePageWeights(*pair, seqs, group, &rng, nan_heads), "")
             << "group " << group << (nan_heads ? ", NaN heads" : "");
