@@ -74,8 +74,9 @@ struct DecodeOutputs {
 // of num_kv_heads, a sequence whose page count does not match its length, a packed entry naming
 // a format outside the palette or a page outside its pool; also, on CUDA, for a head_dim other
 // than 128, pages of other than 16 tokens, GQA groups over 16, or BF16 pages, which the fused
-// kernel does not read, and for page weights over tables whose packed entries (their capacity,
-// for a PreparedDecode) times num_q_heads exceed 2^32 - 1 (the kernel's scratch index).
+// kernel does not read, and for page weights whose scratch, the tables' packed entries (their
+// capacity, for a PreparedDecode) times num_q_heads (each GQA group rounded up to even), would
+// pass 2^32 - 1 floats (the kernel's scratch index).
 // Unavailable in builds without CUDA; Internal for a CUDA error.
 KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
                                            const PageTables& tables, const DecodeQueries& queries,

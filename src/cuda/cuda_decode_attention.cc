@@ -174,7 +174,8 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
     if (page_lse > int64_t{UINT32_MAX}) {
       return absl::InvalidArgumentError(absl::StrCat(
           "page weights over ", tables.packed_capacity(), " packed entries x ",
-          queries.num_q_heads, " query heads: the kernel indexes at most 2^32 - 1 page LSEs"));
+          queries.num_q_heads, " query heads need ", page_lse,
+          " page LSEs: the kernel indexes at most 2^32 - 1"));
     }
     KVTIER_ASSIGN_OR_RETURN(p.page_lse, buffers.Allocate<float>(static_cast<size_t>(page_lse)));
     p.page_weight = outputs.page_weight.data();

@@ -665,8 +665,9 @@ TEST(DecodeAttentionTest, PageWeightOfTheWrongSizeIsRefused) {
 }
 
 // The kernel indexes its page-LSE scratch with 32 bits: page weights over a prepared step whose
-// capacity (max_pages x sequences) times the query heads passes 2^32 - 1 are refused, with the
-// reason, before anything is launched; the same step without page weights attends.
+// capacity (max_pages x sequences) times the query heads (an even group: no padding) passes
+// 2^32 - 1 are refused, with the reason, before anything is launched; the same step without
+// page weights attends.
 TEST(DecodeAttentionTest, PageWeightsOverTooManyEntriesAreRefused) {
   KVTIER_REQUIRE_GPU();
   PageTables t;
