@@ -240,9 +240,10 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     const StagedPage pg = OpenPage(p, ring, k, i, slot);
     float s[kTiles][4];
     ComputeLogits<kTiles>(pg, k.g, k.c, qb, s);
-    uint32_t pb[kTiles][2], pu[kTiles][2];
-    OnlineSoftmax<kTiles, kUniformV>(p, pg, k.g, s, m_run, l_run, unit, inv_unit, o, pb, pu);
-    if constexpr (kPageWeights) StorePageLse<kTiles, kPageLse>(p, page_lse, m_run, pu);
+    uint32_t pb[kTiles][2], pair_sums[kTiles];
+    OnlineSoftmax<kTiles, kUniformV>(p, pg, k.g, s, m_run, l_run, unit, inv_unit, o, pb,
+                                     pair_sums);
+    if constexpr (kPageWeights) StorePageLse<kTiles, kPageLse>(p, page_lse, m_run, pair_sums);
     AccumulateValues<kTiles>(pg, k.g, k.c, pb, o);
     __syncwarp();  // the buffer is refilled by the next iteration's Stage()
   }

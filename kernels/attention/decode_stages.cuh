@@ -249,45 +249,43 @@ __device__ __forceinline__ void Rescale(bool rescale, const float (&vs)[2],
 }
 
 // Softmax, 3: P^T (the B operand of O^T = V^T P^T), the probabilities times V scale / unit in
-// FP16, and the running sums; pu gets P^T without the V scales (relative to m_run).
+// FP16, and the running sums. pair_sums gets, transposed as P^T, the FP16 sums of each lane's
+// two tokens' probabilities without the V scales (relative to m_run): row c's pairs are heads
+// 2c and 2c + 1 of tokens g and g + 8, so that summing its 8 columns gives each head's page sum.
 // kUniformV (every format's V scale is one per page: per block or per tensor): pb is the FP16
-// probabilities times the page's ratio v_page / unit in FP16, transposed, so that one pack
-// serves pb and pu and no FP32 product is needed per probability (times the ratio before the
-// transpose: faster on the H200 than pu times the ratio after it, docs/benchmarks.md session 13).
-// Else pb is packed from the FP32 products (per-token ratios). pu is unused, and so compiled
-// away, unless page weights are kept.
+// probabilities times the page's ratio v_page / unit in FP16, transposed, so that no FP32
+// product is needed per probability (times the ratio before the transpose: faster on the H200
+// than after it, docs/benchmarks.md session 13). Else pb is packed from the FP32 products
+// (per-token ratios). pair_sums is unused, and so compiled away, unless page weights are kept.
 template <int kTiles, bool kUniformV>
 __device__ __forceinline__ void Probabilities(const float (&vs)[2], float v_page,
                                               const float (&s)[kTiles][4],
                                               const float (&m_run)[2 * kTiles],
                                               float (&l_run)[2 * kTiles], float inv_unit,
                                               uint32_t (&pb)[kTiles][2],
-                                              uint32_t (&pu)[kTiles][2]) {
+                                              uint32_t (&pair_sums)[kTiles]) {
   const uint32_t r_page = kUniformV ? PackHalf2(v_page * inv_unit, v_page * inv_unit) : 0u;
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
     const float e0 = Exp2(s[t][0] - m_run[2 * t]), e1 = Exp2(s[t][1] - m_run[2 * t + 1]);
     const float e2 = Exp2(s[t][2] - m_run[2 * t]), e3 = Exp2(s[t][3] - m_run[2 * t + 1]);
-    l_run[2 * t] += e0 + e2;
-    l_run[2 * t + 1] += e1 + e3;
+    const float sum0 = e0 + e2, sum1 = e1 + e3;
+    l_run[2 * t] += sum0;
+    l_run[2 * t + 1] += sum1;
+    pair_sums[t] = Transpose8x8(PackHalf2(sum0, sum1));
     if constexpr (kUniformV) {
-      const uint32_t p0 = PackHalf2(e0, e1), p1 = PackHalf2(e2, e3);
-      pb[t][0] = Transpose8x8(Hmul2(p0, r_page));
-      pb[t][1] = Transpose8x8(Hmul2(p1, r_page));
-      pu[t][0] = Transpose8x8(p0);
-      pu[t][1] = Transpose8x8(p1);
+      pb[t][0] = Transpose8x8(Hmul2(PackHalf2(e0, e1), r_page));
+      pb[t][1] = Transpose8x8(Hmul2(PackHalf2(e2, e3), r_page));
     } else {
       const float r0 = vs[0] * inv_unit, r1 = vs[1] * inv_unit;
       pb[t][0] = Transpose8x8(PackHalf2(e0 * r0, e1 * r0));
       pb[t][1] = Transpose8x8(PackHalf2(e2 * r1, e3 * r1));
-      pu[t][0] = Transpose8x8(PackHalf2(e0, e1));
-      pu[t][1] = Transpose8x8(PackHalf2(e2, e3));
     }
   }
 }
 
-// Softmax: the page's logits s to P^T, updating the warp's state (InitState); pu and kUniformV
-// as Probabilities.
+// Softmax: the page's logits s to P^T, updating the warp's state (InitState); pair_sums and
+// kUniformV as Probabilities.
 template <int kTiles, bool kUniformV>
 __device__ __forceinline__ void OnlineSoftmax(const PagedDecodeParams& p, const StagedPage& pg,
                                               int g, float (&s)[kTiles][4],
@@ -295,11 +293,11 @@ __device__ __forceinline__ void OnlineSoftmax(const PagedDecodeParams& p, const 
                                               float (&l_run)[2 * kTiles], float& unit,
                                               float& inv_unit, float (&o)[kTiles][8][4],
                                               uint32_t (&pb)[kTiles][2],
-                                              uint32_t (&pu)[kTiles][2]) {
+                                              uint32_t (&pair_sums)[kTiles]) {
   float vs[2], v_page;
   const bool rescale = ScaleLogits<kTiles>(p, pg, g, m_run, s, vs, v_page);
   Rescale<kTiles>(rescale, vs, s, m_run, l_run, unit, inv_unit, o);
-  Probabilities<kTiles, kUniformV>(vs, v_page, s, m_run, l_run, inv_unit, pb, pu);
+  Probabilities<kTiles, kUniformV>(vs, v_page, s, m_run, l_run, inv_unit, pb, pair_sums);
 }
 
 // PV of one side kind: quarter i of the values (dims 16g + 4i..4i+3 of both token pairs)

@@ -89,23 +89,27 @@ __device__ __forceinline__ void StoreKeptInL2(float2* at, float2 x) {
                : "memory");
 }
 
-// Stores the page LSEs of the warp's page for each query head of its group, from pu (the page's
-// P^T without V scales, relative to m_run: Probabilities), as kPageLse says (kStored or
-// kKeptInL2), and moves `out` to the warp's page after. A page's LSE is m_run plus log2 of the
-// page's sum, which one product of a matrix of ones and pu puts in every lane, for the heads of
-// its m_run (no shuffles). REQUIRES: every lane of the warp calls it.
+// Stores the page LSEs of the warp's page for each query head of its group, from pair_sums
+// (Probabilities: the lanes' pair sums of the page's probabilities without V scales, relative
+// to m_run, transposed), as kPageLse says (kStored or kKeptInL2), and moves `out` to the warp's
+// page after. A page's LSE is m_run plus log2 of the page's sum, which one product of a matrix
+// of ones and pair_sums puts in every lane, for the heads of its m_run (no shuffles). Summing
+// token pairs before the transpose takes one transpose and one product a page, not two of each.
+// REQUIRES: every lane of the warp calls it.
 template <int kTiles, PageLse kPageLse>
 __device__ __forceinline__ void StorePageLse(const PagedDecodeParams& p,
                                              PageLseStore<kTiles>& out,
                                              const float (&m_run)[2 * kTiles],
-                                             const uint32_t (&pu)[kTiles][2]) {
-  constexpr uint32_t kOnes = 0x3C003C00u;  // two FP16 ones
-  const uint32_t ones[2] = {kOnes, kOnes};
+                                             const uint32_t (&pair_sums)[kTiles]) {
+  // Rows g of a matrix of ones; rows g + 8, whose products are never read, whatever a register
+  // holds (an undefined value: no instruction to set it).
+  uint32_t unread;
+  asm("" : "=r"(unread));
+  const uint32_t ones[2] = {0x3C003C00u, unread};  // two FP16 ones
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
-    float sum[4] = {0.f, 0.f, 0.f, 0.f};  // rows g and g + 8 of (sums over tokens) x heads
-    Mma(sum, ones, pu[t][0]);             // tokens 0-7, then 8-15: two products of k = 8
-    Mma(sum, ones, pu[t][1]);             // take a pair of registers of ones, not four
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};  // rows g (and g + 8) of (sums over tokens) x heads
+    Mma(sum, ones, pair_sums[t]);         // k = 8 token pairs
     if (out.stores[t]) {  // heads 8t + 2c and 8t + 2c + 1: an even index (PageLseRow)
       float2* const at = reinterpret_cast<float2*>(p.page_lse + out.next + 8 * t);
       const float2 lse = make_float2(m_run[2 * t] + Log2(sum[0]), m_run[2 * t + 1] + Log2(sum[1]));
