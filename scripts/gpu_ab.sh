@@ -8,7 +8,8 @@
 # first name in alphabetical order is the reference), and bundle/lib the libraries they load
 # (scripts/gpu_bundle.sh). ROUNDS (default 3); BUILDS (default all): the variant names to time,
 # in that order. Writes every run's rows to $OUT/ab.json (AB_NAME.json with AB_NAME set) and
-# prints the table. With the device tool:
+# prints the table, then each variant row's cost over its plain row (page weights, rotation).
+# With the device tool:
 #   run(command="bash scripts/gpu_ab.sh variants 'fp16 1 8192'", carry=["bundle/lib", "variants"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,4 +71,21 @@ for row, by in runs.items():
         rel = f' {100 * (m / base - 1):+5.1f}%' if base and b != ref else ''
         cells.append(f'{m:>11.1f}{rel:>7s}')
     print(f'{row[:58]:58s}' + ''.join(cells))
+# Each variant row (page weights, rotation) over its plain row, per build: the cost that issue 14
+# bounds, from the medians above.
+suffixes = ('_rotated_page_weight', '_page_weight_zeroed', '_page_weight', '_rotated')
+costs = [(row, row[:-len(s)]) for row in runs for s in suffixes
+         if row.endswith(s) and row[:-len(s)] in runs and not any(
+             row.endswith(t) for t in suffixes[:suffixes.index(s)])]
+if costs:
+    print(f"\n{'variant over its plain row':58s}" + ''.join(f'{b:>18s}' for b in builds))
+    for row, plain in costs:
+        cells = []
+        for b in builds:
+            if runs[row].get(b) and runs[plain].get(b):
+                ratio = statistics.median(runs[row][b]) / statistics.median(runs[plain][b])
+                cells.append(f'{100 * (ratio - 1):>+17.2f}%')
+            else:
+                cells.append(f"{'-':>18s}")
+        print(f'{row[:58]:58s}' + ''.join(cells))
 EOF
