@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Executed warp instructions by opcode, per unit of work, from Nsight Compute source pages.
+"""Executed warp instructions by opcode, per unit of work, and stall samples by reason, from
+Nsight Compute source pages.
 
 scripts/gpu_profile.sh writes <case>_sass.csv (ncu --page source --csv --print-source sass): one
-row per SASS instruction with its "Instructions Executed". This sums them by opcode (predicates
-and modifiers dropped: `@P3 STG.E` counts as STG) and divides by UNITS, e.g. the page-heads a
-decode attends (batch x KV heads x pages: 64 x 8 x 2048 at batch 64 x 32K), so that two kernels
-compare per page. With two files it prints both columns and their difference, largest first:
-where a variant's extra instructions are (docs/benchmarks.md, session 14: the page-weight
-kernel's 27 a page, of which 10 are its own work and the rest rematerialised values).
+row per SASS instruction with its "Instructions Executed" and its warp-stall samples per reason
+(the stall_* columns). This sums the instructions by opcode (predicates and modifiers dropped:
+`@P3 STG.E` counts as STG) and divides by UNITS, e.g. the page-heads a decode attends (batch x KV
+heads x pages: 64 x 8 x 2048 at batch 64 x 32K), so that two kernels compare per page; then it
+sums the stall samples by reason (a kernel that issues as many instructions but waits longer
+shows it there). With two files it prints both columns and their difference, largest first:
+where a variant's extra instructions and waits are (docs/benchmarks.md, sessions 14 and 15).
 
   scripts/profile_opcodes.py UNITS A_sass.csv [B_sass.csv]   # .csv or .csv.gz
 """
@@ -18,8 +20,9 @@ import re
 import sys
 
 
-def opcode_counts(path):
-    """Executed warp instructions by opcode, and the kernel's name (first line of the file)."""
+def read_page(path):
+    """The kernel's name (first line of the file), executed warp instructions by opcode, and
+    stall samples by reason."""
     opener = gzip.open if path.endswith('.gz') else open
     with opener(path, 'rt', newline='') as f:
         rows = list(csv.reader(f))
@@ -27,15 +30,34 @@ def opcode_counts(path):
         sys.exit(f'{path}: not an ncu source page (expected Source and Instructions Executed)')
     header = rows[1]
     source, executed = header.index('Source'), header.index('Instructions Executed')
-    counts = collections.Counter()
+    reasons = {i: c[len('stall_'):] for i, c in enumerate(header)
+               if c.startswith('stall_') and '(Not Issued)' not in c}
+    opcodes, stalls = collections.Counter(), collections.Counter()
     for row in rows[2:]:
         if len(row) <= executed or not row[executed].isdigit():
             continue
         text = re.sub(r'^@!?U?P[T0-9]+\s+', '', row[source].strip())
         if text:
-            counts[text.split()[0].split('.')[0]] += int(row[executed])
+            opcodes[text.split()[0].split('.')[0]] += int(row[executed])
+        for i, reason in reasons.items():
+            if i < len(row) and row[i].isdigit():
+                stalls[reason] += int(row[i])
     name = rows[0][1] if len(rows[0]) > 1 else path
-    return name, counts
+    return name, opcodes, stalls
+
+
+def print_table(label, per, digits):
+    """Rows of per[k][key] (one column per file; with two, their difference, largest first)."""
+    keys = set().union(*per)
+    if len(per) == 1:
+        print(f'{label:24s}{"A":>10s}')
+        for key in sorted(keys, key=lambda k: -per[0].get(k, 0)):
+            print(f'{key:24s}{per[0].get(key, 0):10.{digits}f}')
+        return
+    print(f'{label:24s}{"A":>10s}{"B":>10s}{"B - A":>10s}')
+    for key in sorted(keys, key=lambda k: -abs(per[1].get(k, 0) - per[0].get(k, 0))):
+        a, b = per[0].get(key, 0), per[1].get(key, 0)
+        print(f'{key:24s}{a:10.{digits}f}{b:10.{digits}f}{b - a:+10.{digits}f}')
 
 
 def main(argv):
@@ -47,22 +69,15 @@ def main(argv):
         sys.exit(f'UNITS must be a number, not {argv[1]!r}')
     if units <= 0:
         sys.exit('UNITS must be positive')
-    tables = [opcode_counts(path) for path in argv[2:]]
-    for i, (name, counts) in enumerate(tables):
-        total = sum(counts.values())
-        print(f'{"AB"[i]}: {name}\n   {total / units:.1f} instructions per unit ({total} in all)')
-    ops = set().union(*(counts for _, counts in tables))
-    per = [{op: counts[op] / units for op in ops} for _, counts in tables]
-    if len(per) == 1:
-        order = sorted(ops, key=lambda op: -per[0][op])
-        print(f'{"opcode":12s}{"A":>9s}')
-        for op in order:
-            print(f'{op:12s}{per[0][op]:9.2f}')
-        return
-    order = sorted(ops, key=lambda op: -abs(per[1][op] - per[0][op]))
-    print(f'{"opcode":12s}{"A":>9s}{"B":>9s}{"B - A":>9s}')
-    for op in order:
-        print(f'{op:12s}{per[0][op]:9.2f}{per[1][op]:9.2f}{per[1][op] - per[0][op]:+9.2f}')
+    pages = [read_page(path) for path in argv[2:]]
+    for i, (name, opcodes, stalls) in enumerate(pages):
+        total = sum(opcodes.values())
+        print(f'{"AB"[i]}: {name}\n   {total / units:.1f} instructions per unit ({total} in all), '
+              f'{sum(stalls.values())} stall samples')
+    per_unit = [{op: n / units for op, n in opcodes.items()} for _, opcodes, _ in pages]
+    print_table('opcode (per unit)', per_unit, 2)
+    print()
+    print_table('stall (samples)', [dict(s) for _, _, s in pages], 0)
 
 
 if __name__ == '__main__':
