@@ -74,9 +74,10 @@ for row, by in runs.items():
 # Each variant row (page weights, rotation) over its plain row, per build: the cost that issue 14
 # bounds, from the medians above.
 suffixes = ('_rotated_page_weight', '_page_weight_zeroed', '_page_weight', '_rotated')
-costs = [(row, row[:-len(s)]) for row in runs for s in suffixes
-         if row.endswith(s) and row[:-len(s)] in runs and not any(
-             row.endswith(t) for t in suffixes[:suffixes.index(s)])]
+def plain_of(row):  # the row without its longest variant suffix, if that row was timed
+    s = next((s for s in suffixes if row.endswith(s)), None)
+    return row[:-len(s)] if s and row[:-len(s)] in runs else None
+costs = [(row, plain_of(row)) for row in runs if plain_of(row)]
 if costs:
     print(f"\n{'variant over its plain row':58s}" + ''.join(f'{b:>18s}' for b in builds))
     for row, plain in costs:
