@@ -55,10 +55,8 @@ enum class PageLse { kNone, kStored, kKeptInL2 };
 // 8t + 2c + 1 (as StoreWarpState); the lanes g = 0 store those heads' page LSEs, as a pair.
 // The position is a 32-bit index into p.page_lse, not a pointer: two registers fewer in a loop
 // that runs at the register limit, and one instruction to step it instead of six (64-bit
-// pointer arithmetic); and the pair is one 8-byte store (PageLseRow). Together they took the
-// page weights' cost at NVFP4 batch 64 x 32K from +7.3% to about +5.7% of the plain decode, and
-// the sums from pair sums (StorePageLse) to about +4.9% (H200, docs/benchmarks.md, sessions 14
-// and 15).
+// pointer arithmetic); and the pair is one 8-byte store (PageLseRow). Measured in
+// docs/benchmarks.md, sessions 14 and 15.
 template <int kTiles>
 struct PageLseStore {
   uint32_t next;            // p.page_lse index of head 2c (tile 0) of the warp's next page
