@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kernels/attention/decode_kernel.cuh"
+#include "kernels/attention/merge_states.cuh"
 #include "kernels/attention/page_weight.cuh"
 #include "kernels/attention/side_kind.cuh"
 #include "kernels/attention/stage_page.cuh"
@@ -205,11 +206,16 @@ cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int
   const cudaError_t e =
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, launch.kernel, kThreads, launch.smem);
   if (e != cudaSuccess) return e;
-  // One wave: as many splits as fill the resident blocks of every multiprocessor, and at least
-  // 8 pages per split (two per warp) so that the merge stays small next to the attention.
+  // One wave: as many splits as fill the resident blocks of every multiprocessor, with at least
+  // 8 pages per split (two per warp) so that the merge stays small next to the attention, and
+  // at least 16 past the parts the merge loads in one round (kMergeLoadsAtOnce): at batch 1 x
+  // 8K, NVFP4, FP8 and the balanced mix in 32 splits of 16 pages take 8-9% less time than in 64
+  // of 8 (docs/benchmarks.md, session 16), where the longer merge outweighs the shorter splits.
   const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(p.batch) * p.num_kv_heads);
   const int64_t want = std::max<int64_t>(1, per_sm) * num_sms / blocks;
-  const int64_t most = std::max<int64_t>(1, (max_pages + 7) / 8);
+  const int64_t most =
+      std::max<int64_t>({1, std::min<int64_t>(attention::kMergeLoadsAtOnce, (max_pages + 7) / 8),
+                         (max_pages + 15) / 16});
   const int32_t splits = static_cast<int32_t>(std::max<int64_t>(1, std::min(want, most)));
   const int32_t per = std::max<int32_t>(1, (max_pages + splits - 1) / splits);
   *split = {static_cast<int32_t>((std::max(max_pages, 1) + per - 1) / per), per};

@@ -635,6 +635,43 @@ TEST(DecodeAttentionTest, UniformValueScalesOnlyWithoutPerTokenVScales) {
   EXPECT_FALSE(uniform({"fp16", "fp8_e4m3/block_head", "k:fp16,v:fp8_e5m2/token_head"}));
 }
 
+// The split of a batch's pages (ChooseDecodeSplit): one wave of blocks on the multiprocessors
+// given, every page in a split, at least 8 pages per split, and at least 16 past 32 splits (the
+// parts the merge loads in one round). Host choices over the device's occupancy.
+TEST(DecodeAttentionTest, SplitsFillOneWaveWithoutLongMerges) {
+  KVTIER_REQUIRE_GPU();
+  for (const char* format : {"fp16", "nvfp4/block_head"}) {
+    for (int batch : {1, 4, 64}) {
+      for (int32_t pages : {1, 64, 512, 1024, 8192}) {
+        gpu::PagedDecodeParams p = PaletteParams({format});
+        p.batch = batch, p.num_q_heads = 32, p.num_kv_heads = 8;
+        gpu::DecodeSplit split{};
+        ASSERT_EQ(gpu::ChooseDecodeSplit(p, pages, 132, &split), cudaSuccess);
+        const std::string where = absl::StrCat(format, ", batch ", batch, ", ", pages, " pages: ",
+                                               split.num_splits, " x ", split.pages_per_split);
+        EXPECT_GE(static_cast<int64_t>(split.num_splits) * split.pages_per_split, pages) << where;
+        EXPECT_LT(static_cast<int64_t>(split.num_splits - 1) * split.pages_per_split, pages)
+            << where;
+        EXPECT_LE(split.num_splits * batch * 8, 4 * 132) << where;  // at most 4 blocks per SM
+        if (split.num_splits > 1) {
+          EXPECT_GE(split.pages_per_split, 8) << where;
+        }
+        if (split.num_splits > 32) {
+          EXPECT_GE(split.pages_per_split, 16) << where;
+        }
+      }
+    }
+  }
+  gpu::PagedDecodeParams p = PaletteParams({"nvfp4/block_head"});
+  p.batch = 1, p.num_q_heads = 32, p.num_kv_heads = 8;
+  gpu::DecodeSplit split{};
+  ASSERT_EQ(gpu::ChooseDecodeSplit(p, 512, 132, &split), cudaSuccess);  // batch 1 x 8K
+  EXPECT_EQ(split.num_splits, 32);
+  EXPECT_EQ(split.pages_per_split, 16);
+  ASSERT_EQ(gpu::ChooseDecodeSplit(p, 64, 132, &split), cudaSuccess);  // batch 1 x 1K
+  EXPECT_EQ(split.num_splits, 8);
+}
+
 // A page_weight span of other than one float per packed entry: InvalidArgument on both
 // backends, over the tables and over a prepared step (the CPU backend runs without a GPU).
 TEST(DecodeAttentionTest, PageWeightOfTheWrongSizeIsRefused) {
