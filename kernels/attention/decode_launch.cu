@@ -208,14 +208,15 @@ cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int
   if (e != cudaSuccess) return e;
   // One wave: as many splits as fill the resident blocks of every multiprocessor, with at least
   // 8 pages per split (two per warp) so that the merge stays small next to the attention, and
-  // at least 16 past the parts the merge loads in one round (kMergeLoadsAtOnce): at batch 1 x
-  // 8K, NVFP4, FP8 and the balanced mix in 32 splits of 16 pages take 8-9% less time than in 64
-  // of 8 (docs/benchmarks.md, session 16), where the longer merge outweighs the shorter splits.
+  // no more splits than the parts the merge loads in one round (kMergeLoadsAtOnce) unless each
+  // has 64 pages or more: at batch 1 from 8K to 48K tokens a merge round more costs more than
+  // the shorter splits save (NVFP4, FP8 and the balanced mix 5-10% faster, docs/benchmarks.md,
+  // session 16).
   const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(p.batch) * p.num_kv_heads);
   const int64_t want = std::max<int64_t>(1, per_sm) * num_sms / blocks;
   const int64_t most =
       std::max<int64_t>({1, std::min<int64_t>(attention::kMergeLoadsAtOnce, (max_pages + 7) / 8),
-                         (max_pages + 15) / 16});
+                         (max_pages + 63) / 64});
   const int32_t splits = static_cast<int32_t>(std::max<int64_t>(1, std::min(want, most)));
   const int32_t per = std::max<int32_t>(1, (max_pages + splits - 1) / splits);
   *split = {static_cast<int32_t>((std::max(max_pages, 1) + per - 1) / per), per};

@@ -636,13 +636,13 @@ TEST(DecodeAttentionTest, UniformValueScalesOnlyWithoutPerTokenVScales) {
 }
 
 // The split of a batch's pages (ChooseDecodeSplit): one wave of blocks on the multiprocessors
-// given, every page in a split, at least 8 pages per split, and at least 16 past 32 splits (the
+// given, every page in a split, at least 8 pages per split, and at least 64 past 32 splits (the
 // parts the merge loads in one round). Host choices over the device's occupancy.
 TEST(DecodeAttentionTest, SplitsFillOneWaveWithoutLongMerges) {
   KVTIER_REQUIRE_GPU();
   for (const char* format : {"fp16", "nvfp4/block_head"}) {
     for (int batch : {1, 4, 64}) {
-      for (int32_t pages : {1, 64, 512, 1024, 8192}) {
+      for (int32_t pages : {1, 64, 512, 1024, 3072, 8192}) {
         gpu::PagedDecodeParams p = PaletteParams({format});
         p.batch = batch, p.num_q_heads = 32, p.num_kv_heads = 8;
         gpu::DecodeSplit split{};
@@ -657,7 +657,7 @@ TEST(DecodeAttentionTest, SplitsFillOneWaveWithoutLongMerges) {
           EXPECT_GE(split.pages_per_split, 8) << where;
         }
         if (split.num_splits > 32) {
-          EXPECT_GE(split.pages_per_split, 16) << where;
+          EXPECT_GE(split.pages_per_split, 64) << where;
         }
       }
     }
@@ -668,6 +668,11 @@ TEST(DecodeAttentionTest, SplitsFillOneWaveWithoutLongMerges) {
   ASSERT_EQ(gpu::ChooseDecodeSplit(p, 512, 132, &split), cudaSuccess);  // batch 1 x 8K
   EXPECT_EQ(split.num_splits, 32);
   EXPECT_EQ(split.pages_per_split, 16);
+  ASSERT_EQ(gpu::ChooseDecodeSplit(p, 1024, 132, &split), cudaSuccess);  // batch 1 x 16K
+  EXPECT_EQ(split.num_splits, 32);
+  EXPECT_EQ(split.pages_per_split, 32);
+  ASSERT_EQ(gpu::ChooseDecodeSplit(p, 3072, 132, &split), cudaSuccess);  // batch 1 x 48K
+  EXPECT_EQ(split.num_splits, 48);
   ASSERT_EQ(gpu::ChooseDecodeSplit(p, 64, 132, &split), cudaSuccess);  // batch 1 x 1K
   EXPECT_EQ(split.num_splits, 8);
 }
