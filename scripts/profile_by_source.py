@@ -9,7 +9,9 @@ line, in the same order: this pairs the two row by row (it stops if their opcode
 sums the executions by line and by the function that encloses the line (the nearest definition
 above it), divided by UNITS (e.g. the page-heads a decode attends), so that the cost of each
 stage of a kernel reads per page (docs/benchmarks.md, session 16). Lines in the CUDA headers,
-whose functions are defined through macros, read as function `?`.
+whose functions are defined through macros, read as function `?`. An instruction counts where
+ptxas puts it: a subexpression that several lines share (a lane's offset, recomputed in a loop
+at the register limit) lands on one of them, which need not be the one that costs it.
 
   nvcc -O3 -DNDEBUG -gencode arch=compute_90,code=sm_90 --fmad=false -lineinfo -std=c++17 \\
       -I. -Iinclude -cubin -o /tmp/k.cubin kernels/attention/decode_launch.cu

@@ -208,10 +208,10 @@ cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int
   if (e != cudaSuccess) return e;
   // One wave: as many splits as fill the resident blocks of every multiprocessor, with at least
   // 8 pages per split (two per warp) so that the merge stays small next to the attention, and
-  // no more splits than the parts the merge loads in one round (kMergeLoadsAtOnce) unless each
-  // has 64 pages or more: at batch 1 from 8K to 48K tokens a merge round more costs more than
-  // the shorter splits save (NVFP4, FP8 and the balanced mix 5-10% faster, docs/benchmarks.md,
-  // session 16).
+  // no more splits than the parts the merge loads in one round (kMergeLoadsAtOnce) nor than one
+  // per 64 pages (rounded up), whichever is more: at batch 1 from 8K to 48K tokens a merge
+  // round more costs more than the shorter splits save (NVFP4, FP8 and the balanced mix 5-10%
+  // faster, docs/benchmarks.md, session 16).
   const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(p.batch) * p.num_kv_heads);
   const int64_t want = std::max<int64_t>(1, per_sm) * num_sms / blocks;
   const int64_t most =
