@@ -8,7 +8,8 @@
 # first name in alphabetical order is the reference), and bundle/lib the libraries they load
 # (scripts/gpu_bundle.sh). ROUNDS (default 3); BUILDS (default all): the variant names to time,
 # in that order. Writes every run's rows to $OUT/ab.json (AB_NAME.json with AB_NAME set) and
-# prints the table, then each variant row's cost over its plain row (page weights, rotation).
+# prints the table (builds that split a shape differently on one line, with their split counts),
+# then each variant row's cost over its plain row (page weights, rotation).
 # With the device tool:
 #   run(command="bash scripts/gpu_ab.sh variants 'fp16 1 8192'", carry=["bundle/lib", "variants"])
 set -uo pipefail
@@ -43,7 +44,7 @@ for shape in "$@"; do
   echo "done: $shape"
 done
 python3 - "$out/${AB_NAME:-ab}.json" /tmp/ab_runs <<'EOF'
-import collections, json, os, statistics, sys
+import collections, json, os, re, statistics, sys
 runs = collections.defaultdict(lambda: collections.defaultdict(list))  # row -> build -> [us]
 builds = []
 for f in sorted(os.listdir(sys.argv[2])):
@@ -59,18 +60,29 @@ for f in sorted(os.listdir(sys.argv[2])):
                     runs[r['name']][build].append(r['median_ms'] * 1e3)
 json.dump(runs, open(sys.argv[1], 'w'), indent=1)
 ref = builds[0]
-print(f"{'row (median us over rounds)':58s}" + ''.join(f'{b:>18s}' for b in builds))
+# A row's name carries its split count (_splitsN); builds that split a shape differently are
+# compared on one line, each cell with its split count in brackets.
+split_re = re.compile(r'_splits(\d+)')
+shapes = collections.defaultdict(dict)  # row without _splitsN -> build -> (splits, [us])
 for row, by in runs.items():
-    base = statistics.median(by[ref]) if by.get(ref) else None
+    m = split_re.search(row)
+    for b, us in by.items():
+        shapes[split_re.sub('', row)][b] = (m.group(1) if m else '', us)
+print(f"{'row (median us over rounds; [splits] where builds differ)':58s}" +
+      ''.join(f'{b:>22s}' for b in builds))
+for shape, by in shapes.items():
+    base = statistics.median(by[ref][1]) if ref in by else None
+    differ = len({s for s, _ in by.values()}) > 1
     cells = []
     for b in builds:
-        if not by.get(b):
-            cells.append(f"{'-':>18s}")
+        if b not in by:
+            cells.append(f"{'-':>22s}")
             continue
-        m = statistics.median(by[b])
+        splits, us = by[b]
+        m = statistics.median(us)
         rel = f' {100 * (m / base - 1):+5.1f}%' if base and b != ref else ''
-        cells.append(f'{m:>11.1f}{rel:>7s}')
-    print(f'{row[:58]:58s}' + ''.join(cells))
+        cells.append(f'{m:>11.1f}{rel:>7s}' + (f'{"[" + splits + "]":>4s}' if differ else ' ' * 4))
+    print(f'{shape[:58]:58s}' + ''.join(cells))
 # Each variant row (page weights, rotation) over its plain row, per build: the cost that issue 14
 # bounds, from the medians above.
 suffixes = ('_rotated_page_weight', '_page_weight_zeroed', '_page_weight', '_rotated')
