@@ -84,21 +84,22 @@ for shape, by in shapes.items():
         cells.append(f'{m:>11.1f}{rel:>7s}' + (f'{"[" + splits + "]":>4s}' if differ else ' ' * 4))
     print(f'{shape[:58]:58s}' + ''.join(cells))
 # Each variant row (page weights, rotation) over its plain row, per build: the cost that issue 14
-# bounds, from the medians above.
+# bounds, from the medians above (a build's variant and plain rows split alike).
 suffixes = ('_rotated_page_weight', '_page_weight_zeroed', '_page_weight', '_rotated')
-def plain_of(row):  # the row without its longest variant suffix, if that row was timed
-    s = next((s for s in suffixes if row.endswith(s)), None)
-    return row[:-len(s)] if s and row[:-len(s)] in runs else None
-costs = [(row, plain_of(row)) for row in runs if plain_of(row)]
+def plain_of(shape):  # the shape without its longest variant suffix, if that shape was timed
+    s = next((s for s in suffixes if shape.endswith(s)), None)
+    return shape[:-len(s)] if s and shape[:-len(s)] in shapes else None
+costs = [(shape, plain_of(shape)) for shape in shapes if plain_of(shape)]
 if costs:
-    print(f"\n{'variant over its plain row':58s}" + ''.join(f'{b:>18s}' for b in builds))
-    for row, plain in costs:
+    print(f"\n{'variant over its plain row':58s}" + ''.join(f'{b:>22s}' for b in builds))
+    for shape, plain in costs:
         cells = []
         for b in builds:
-            if runs[row].get(b) and runs[plain].get(b):
-                ratio = statistics.median(runs[row][b]) / statistics.median(runs[plain][b])
-                cells.append(f'{100 * (ratio - 1):>+17.2f}%')
+            if b in shapes[shape] and b in shapes[plain]:
+                ratio = (statistics.median(shapes[shape][b][1]) /
+                         statistics.median(shapes[plain][b][1]))
+                cells.append(f'{100 * (ratio - 1):>+21.2f}%')
             else:
-                cells.append(f"{'-':>18s}")
-        print(f'{row[:58]:58s}' + ''.join(cells))
+                cells.append(f"{'-':>22s}")
+        print(f'{shape[:58]:58s}' + ''.join(cells))
 EOF
