@@ -5,7 +5,8 @@ Nsight Compute source page and the same kernel compiled with line information.
 An ncu source page (scripts/gpu_profile.sh's <case>_sass.csv) has one row per SASS instruction
 with its "Instructions Executed", but no source lines. `nvdisasm -g` of a cubin built from the
 same code with the build's flags and -lineinfo gives each instruction's innermost inlined source
-line, in the same order: this pairs the two row by row (it stops if their opcodes differ) and
+line, in the same order: this pairs the two row by row (it stops if their opcodes differ; the
+page is read and the opcodes named as profile_opcodes.py does) and
 sums the executions by line and by the function that encloses the line (the nearest definition
 above it), divided by UNITS (e.g. the page-heads a decode attends), so that the cost of each
 stage of a kernel reads per page (docs/benchmarks.md, session 16). Lines in the CUDA headers,
@@ -19,22 +20,16 @@ at the register limit) lands on one of them, which need not be the one that cost
   scripts/profile_by_source.py /tmp/k.dis KERNEL_SYMBOL UNITS A_sass.csv[.gz]
 """
 import collections
-import csv
-import gzip
 import os
 import re
 import sys
 
+from profile_opcodes import opcode, source_page
+
 # A line that opens a C++ function definition: its name before the parameter list (a kernel's
-# name is on the line after its __launch_bounds__), and a predicate before an opcode.
+# name is on the line after its __launch_bounds__).
 DEFINITION = re.compile(r'^\s*(?:template\b.*|.*\b__(?:device|global)__\b.*?)\b(\w+)\s*\(')
 NAME = re.compile(r'^\s*(\w+)\s*\(')
-PREDICATE = re.compile(r'^@!?U?P[T0-9]\s+')
-
-
-def opcode(text):
-    """The opcode of a SASS instruction's text, without its predicate and modifiers."""
-    return PREDICATE.sub('', text.strip()).split()[0].split('.')[0]
 
 
 def instructions(listing, symbol):
@@ -59,15 +54,11 @@ def instructions(listing, symbol):
 
 
 def executions(page):
-    """Opcode and executed warp instructions of each row of an ncu source page."""
-    opener = gzip.open if page.endswith('.gz') else open
-    with opener(page, 'rt', newline='') as f:
-        rows = list(csv.reader(f))
-    header = rows[1]
-    if 'Source' not in header or 'Instructions Executed' not in header:
-        sys.exit(f'{page}: not an ncu source page (expected Source and Instructions Executed)')
+    """Opcode and executed warp instructions of each instruction row of an ncu source page."""
+    _, header, rows = source_page(page)
     src, count = header.index('Source'), header.index('Instructions Executed')
-    return [(opcode(r[src]), int(r[count] or 0)) for r in rows[2:] if r[src].strip()]
+    return [(opcode(r[src]), int(r[count]) if r[count].isdigit() else 0)
+            for r in rows if opcode(r[src])]
 
 
 def enclosing_function(path, line, cache={}):

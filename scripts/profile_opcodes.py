@@ -20,29 +20,42 @@ import re
 import sys
 
 
-def read_page(path):
-    """The kernel's name (first line of the file), executed warp instructions by opcode, and
-    stall samples by reason."""
+def opcode(text):
+    """The opcode of a SASS instruction's text, without its predicate and modifiers ('' if none):
+    `@P3 STG.E.64 [R2], R4` is STG."""
+    text = re.sub(r'^@!?U?P[T0-9]+\s+', '', text.strip())
+    return text.split()[0].split('.')[0] if text else ''
+
+
+def source_page(path):
+    """The rows of an ncu source page (.csv or .csv.gz): the kernel's name (first line), the
+    header, and the instruction rows; exits with a message for anything else."""
     opener = gzip.open if path.endswith('.gz') else open
     with opener(path, 'rt', newline='') as f:
         rows = list(csv.reader(f))
     if len(rows) < 2 or 'Source' not in rows[1] or 'Instructions Executed' not in rows[1]:
         sys.exit(f'{path}: not an ncu source page (expected Source and Instructions Executed)')
-    header = rows[1]
+    name = rows[0][1] if len(rows[0]) > 1 else path
+    return name, rows[1], rows[2:]
+
+
+def read_page(path):
+    """The kernel's name (first line of the file), executed warp instructions by opcode, and
+    stall samples by reason."""
+    name, header, rows = source_page(path)
     source, executed = header.index('Source'), header.index('Instructions Executed')
     reasons = {i: c[len('stall_'):] for i, c in enumerate(header)
                if c.startswith('stall_') and '(Not Issued)' not in c}
     opcodes, stalls = collections.Counter(), collections.Counter()
-    for row in rows[2:]:
+    for row in rows:
         if len(row) <= executed or not row[executed].isdigit():
             continue
-        text = re.sub(r'^@!?U?P[T0-9]+\s+', '', row[source].strip())
-        if text:
-            opcodes[text.split()[0].split('.')[0]] += int(row[executed])
+        op = opcode(row[source])
+        if op:
+            opcodes[op] += int(row[executed])
         for i, reason in reasons.items():
             if i < len(row) and row[i].isdigit():
                 stalls[reason] += int(row[i])
-    name = rows[0][1] if len(rows[0]) > 1 else path
     return name, opcodes, stalls
 
 
