@@ -6,11 +6,11 @@ An ncu source page (scripts/gpu_profile.sh's <case>_sass.csv) has one row per SA
 with its "Instructions Executed", but no source lines. `nvdisasm -g` of a cubin built from the
 same code with the build's flags and -lineinfo gives each instruction's innermost inlined source
 line, in the same order: this pairs the two row by row (it stops if their opcodes differ; the
-page is read and the opcodes named as profile_opcodes.py does) and
-sums the executions by line and by the function that encloses the line (the nearest definition
-above it), divided by UNITS (e.g. the page-heads a decode attends), so that the cost of each
-stage of a kernel reads per page (docs/benchmarks.md, session 16). Lines in the CUDA headers,
-whose functions are defined through macros, read as function `?`. An instruction counts where
+page is read and its opcodes named as profile_opcodes.py does) and sums the executions by line
+and by the function that encloses the line (the nearest definition above it), divided by UNITS
+(e.g. the page-heads a decode attends), so that the cost of each stage of a kernel reads per
+page (docs/benchmarks.md, session 16). Lines in the CUDA headers, whose functions are defined
+through macros, read as function `?`. An instruction counts where
 ptxas puts it: a subexpression that several lines share (a lane's offset, recomputed in a loop
 at the register limit) lands on one of them, which need not be the one that costs it.
 
