@@ -8,9 +8,10 @@
 //                    keeps its payload; callers treat tiles holding NaN with the exact codec.
 //   FastE4M3x4       the hardware `cvt.rn.satfinite.e4m3x2.f32`, with NaN bytes forced to
 //                    0x7F as codec::FloatToE4M3 does. All 2^32 inputs.
-//   FastE2M1         compare-and-round without integer compares: three fused multiply-adds
-//                    round |x| onto the three E2M1 binades at once and the smallest result is
-//                    the code. Equal to codec::FloatToE2M1 for every non-NaN input.
+//   FastE2M1         the E2M1 code of the exact product x * m without integer compares:
+//                    three fused multiply-adds round |x| m onto the three E2M1 binades at
+//                    once and the smallest result is the code. Equal to codec::ProductToE2M1
+//                    for every non-NaN x and every m of E2M1Steps' range.
 //                    FastPackE2M1x8 packs eight magnitudes the same way and takes the sign
 //                    bits from the caller (from the source bytes, 5 instructions per 8 values).
 //   FastE4M3         the same conversion of one value that is not NaN (no NaN byte results).
@@ -73,30 +74,42 @@ __device__ __forceinline__ float2 FastE4M3x2ToFloat2(uint32_t codes) {
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
-// The E2M1 code of |x| plus kE2M1Bias (2^23 as float bits). REQUIRES: x is not NaN.
-// y = min(|x|, 6) lies in one of three binades of E2M1 spacing: [0, 2) with step 0.5, [2, 4)
-// with step 1 and [4, 6] with step 2. Adding 2^23 (+ the binade's first code) to y scaled to
-// unit steps rounds it, in one IEEE rounding, to the nearest code with ties to even, exactly
-// as the codec's midpoint compares do. The scaling that belongs to y's binade gives the
-// smallest of the three candidates, so no compare or select is needed. The sign bit (bit 3 of
-// the code) is left clear: callers packing eight codes add the biased values shifted onto the
-// sign bits (SignNibbles8) less the biases.
-// kSaturate false skips the clamp to 6. REQUIRES then: |x| < 7 (below 7 the [4, 6] candidate
-// still rounds to code 7). The candidates are positive floats, which order as their bits do:
-// one three-way integer min takes the smallest.
+// The steps of E2M1's three binades as multipliers of x, for one micro-block's multiplier m:
+// |x| m rounds to unit steps as 2 |x| m on [0, 2), |x| m on [2, 4) and |x| m / 2 on [4, 6].
+// REQUIRES: m in [kE2M1StepsMin, 2^126], so that 2m and m / 2 are exact.
+constexpr float kE2M1StepsMin = 0x1p-125f;
+struct E2M1Steps {
+  float twice, once, half;
+  __device__ explicit E2M1Steps(float m) : twice(2.f * m), once(m), half(0.5f * m) {}
+};
+
+// The E2M1 code of the exact product |x| m plus kE2M1Bias (2^23 as float bits).
+// REQUIRES: x is not NaN.
+// y = |x| m lies in one of three binades of E2M1 spacing: [0, 2) with step 0.5, [2, 4) with
+// step 1 and [4, 6] with step 2. Adding 2^23 (+ the binade's first code) to y scaled to unit
+// steps rounds it, in one IEEE rounding of one fused multiply-add, to the nearest code with ties
+// to even, exactly as the codec's midpoint compares do. The scaling that belongs to y's binade
+// gives the smallest of the three candidates, so no compare or select is needed; above 6 the
+// smallest is at least code 7, to which kSaturate clamps it. The sign bit (bit 3 of the code) is
+// left clear: callers packing eight codes add the biased values shifted onto the sign bits
+// (SignNibbles8) less the biases.
+// kSaturate false skips the clamp. REQUIRES then: |x| m < 7 (below 7 the [4, 6] candidate still
+// rounds to code 7). The candidates are positive floats, which order as their bits do: one
+// three-way integer min takes the smallest.
 constexpr uint32_t kE2M1Bias = 0x4B000000u;
 template <bool kSaturate = true>
-__device__ __forceinline__ uint32_t FastE2M1MagnitudeBiased(float x) {
-  const float y = kSaturate ? fminf(fabsf(x), 6.f) : fabsf(x);
-  const float c1 = __fmaf_rn(y, 2.f, 0x1p23f);
-  const float c2 = __fadd_rn(y, 0x1p23f + 2.f);
-  const float c3 = __fmaf_rn(y, 0.5f, 0x1p23f + 4.f);
-  return __vimin3_u32(__float_as_uint(c1), __float_as_uint(c2), __float_as_uint(c3));
+__device__ __forceinline__ uint32_t FastE2M1MagnitudeBiased(float x, const E2M1Steps& k) {
+  const float c1 = __fmaf_rn(fabsf(x), k.twice, 0x1p23f);
+  const float c2 = __fmaf_rn(fabsf(x), k.once, 0x1p23f + 2.f);
+  const float c3 = __fmaf_rn(fabsf(x), k.half, 0x1p23f + 4.f);
+  const uint32_t c = __vimin3_u32(__float_as_uint(c1), __float_as_uint(c2), __float_as_uint(c3));
+  return kSaturate ? min(c, kE2M1Bias + 7u) : c;
 }
 
-// The E2M1 code of x: the magnitude code and x's sign bit. REQUIRES: x is not NaN.
-__device__ __forceinline__ uint32_t FastE2M1(float x) {
-  return (FastE2M1MagnitudeBiased(x) - kE2M1Bias) | ((__float_as_uint(x) >> 28) & 8u);
+// The E2M1 code of the exact product x * m: the magnitude code and x's sign bit.
+// REQUIRES: x is not NaN.
+__device__ __forceinline__ uint32_t FastE2M1(float x, const E2M1Steps& k) {
+  return (FastE2M1MagnitudeBiased(x, k) - kE2M1Bias) | ((__float_as_uint(x) >> 28) & 8u);
 }
 
 // Bit 4i + 3 set where the sign bit (bit 7) of byte i of the eight bytes b0 (0-3, low byte
@@ -107,16 +120,17 @@ __device__ __forceinline__ uint32_t SignNibbles8(uint32_t b0, uint32_t b1) {
   return ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
 }
 
-// Eight E2M1 codes of x[i] * m packed as codec::PackE2M1x2 does (x[0] in the low nibble),
-// with the sign bits `signs` (SignNibbles8: bit 4i + 3 set iff x[i] * m is negative).
-// REQUIRES: no x[i] * m is NaN; with kSaturate false, every |x[i] * m| < 7.
+// Eight E2M1 codes of the exact products x[i] * m packed as codec::PackE2M1x2 does (x[0] in the
+// low nibble), with the sign bits `signs` (SignNibbles8: bit 4i + 3 set iff x[i] is negative),
+// k = E2M1Steps(m). REQUIRES: no x[i] is NaN; with kSaturate false, every |x[i] m| < 7.
 // The biased codes are summed onto the sign bits less the eight biases: magnitude codes fill bits
 // 4i..4i+2, so the sum is their OR.
 template <bool kSaturate>
-__device__ __forceinline__ uint32_t FastPackE2M1x8(const float* x, float m, uint32_t signs) {
+__device__ __forceinline__ uint32_t FastPackE2M1x8(const float* x, const E2M1Steps& k,
+                                                   uint32_t signs) {
   uint32_t w = signs - kE2M1Bias * 0x11111111u;  // mod 2^32, as the sums below
 #pragma unroll
-  for (int i = 0; i < 8; ++i) w += FastE2M1MagnitudeBiased<kSaturate>(x[i] * m) << (4 * i);
+  for (int i = 0; i < 8; ++i) w += FastE2M1MagnitudeBiased<kSaturate>(x[i], k) << (4 * i);
   return w;
 }
 

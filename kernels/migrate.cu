@@ -10,9 +10,10 @@
 //     (block, side, head) with shifts;
 //   - the block's amax is a warp max (exact: max does not depend on order);
 //   - FP8 and NVFP4 values are encoded with the fast forms of fast_codec.cuh, and the amax is
-//     taken so that a NaN or an Inf makes it non-finite: such a tile is redone with the codec
-//     functions throughout (a warp-uniform branch taken before anything is written), so the
-//     fast forms only ever see inputs on which they equal the codec.
+//     taken so that a NaN or an Inf makes it non-finite: such a tile (or one whose amax passes
+//     kFastAmaxMax) is redone with the codec functions throughout (a warp-uniform branch taken
+//     before anything is written), so the fast forms only ever see inputs on which they equal
+//     the codec.
 // Tiles of at most kCachedGroups groups per lane (16 x 128 and smaller) stay in registers
 // between the amax pass and the encode pass (tile_cache.cuh), as raw bytes for FP16, BF16 and
 // E4M3 sources (a kernel compiled for that source type, so that a lane issues all its loads
@@ -76,9 +77,15 @@ __device__ __forceinline__ float AmaxStepOf(float amax, float x) {
   return kFast ? MaxAbsNan(amax, x) : fmaxf(amax, FiniteAbs(x));
 }
 
-// True when any lane's fast amax is not finite (checked before WarpMax, which drops NaN).
-__device__ __forceinline__ bool AnyNonFinite(float amax) {
-  return __any_sync(kFullMask, !(amax <= FLT_MAX));
+// The largest tile amax the fast forms take: from it on, an NVFP4 micro-block's multiplier
+// S_enc / sf >= 6 / amax could fall below E2M1Steps' range (kE2M1StepsMin).
+constexpr float kFastAmaxMax = 0x1p127f;
+static_assert(6.f / kFastAmaxMax >= kE2M1StepsMin);
+
+// True when any lane's fast amax is NaN, infinite or above kFastAmaxMax: the tile takes the
+// exact path (checked before WarpMax, which drops NaN).
+__device__ __forceinline__ bool AnyBeyondFastForms(float amax) {
+  return __any_sync(kFullMask, !(amax <= kFastAmaxMax));
 }
 
 // ---- Encoders of one group of 16 elements along head_dim ----
@@ -128,19 +135,16 @@ __device__ __forceinline__ uint8_t MicroScale(float s_enc, float micro_amax, flo
 }
 
 // The E2M1 codes of 8 values x[i] * m, packed (x[0] in the low nibble); all zero when m == 0,
-// as codec::Nvfp4EncodeValue. Computed without a branch, then masked. With kFast the sign bits
-// are `signs` (FloatSignNibbles of the values; the magnitudes of x are used), and kSaturate
-// false skips the clamp to 6 (REQUIRES then |x[i] * m| < 7).
+// as codec::Nvfp4EncodeScaled. With kFast, computed without a branch, then masked; the sign
+// bits are `signs` (FloatSignNibbles of the values; the magnitudes of x are used), kSaturate
+// false skips the clamp to 6 (REQUIRES then |x[i] * m| < 7), and m is 0 or in E2M1Steps' range.
 template <bool kFast, bool kSaturate = true>
 __device__ __forceinline__ uint32_t PackE2M1x8(const float* x, float m, uint32_t signs) {
+  if (kFast) return m > 0.f ? FastPackE2M1x8<kSaturate>(x, E2M1Steps(m), signs) : 0u;
   uint32_t w = 0;
-  if (kFast) {
-    w = FastPackE2M1x8<kSaturate>(x, m, signs);
-  } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w |= codec::FloatToE2M1(x[i] * m) << (4 * i);
-  }
-  return m > 0.f ? w : 0u;
+  for (int i = 0; i < 8; ++i) w |= codec::Nvfp4EncodeScaled(x[i], m) << (4 * i);
+  return w;
 }
 
 // One NVFP4 micro-block along head_dim whose amax is `micro_amax`, written to its micro-scale
@@ -178,7 +182,8 @@ __device__ __forceinline__ float StoreBlockScale(const PageLayout& dl, const Til
 
 // ---- Fast path over a cached tile: FP8 or NVFP4 (along head_dim) per (block, head) ----
 
-// Returns false, having written nothing, when the tile holds a NaN or an Inf.
+// Returns false, having written nothing, when the tile holds a NaN, an Inf or a magnitude above
+// kFastAmaxMax.
 // REQUIRES: the tile has at most 32 x kCachedGroups groups; exactly that many with kFull (the
 // 16 x 128 tiles of the usual geometry: no group is checked against the tile's end).
 template <SrcKind kSrc, bool kFull>
@@ -194,7 +199,7 @@ __device__ __forceinline__ bool CachedBlockTile(const PageLayout& sl, const Page
     micro[k] = kFull || lane + 32 * k < groups ? cache.group[k].AbsMax(t) : 0.f;
     amax = MaxAbsNan(amax, micro[k]);
   }
-  if (AnyNonFinite(amax)) return false;
+  if (AnyBeyondFastForms(amax)) return false;
   const float mult = StoreBlockScale(dl, t, lane, WarpMax(amax));  // inv or s_enc
   const bool nvfp4 = t.dst_type == ElementType::kNvfp4;
   uint8_t* const rows = TileRows(dl, t, t.dst);
@@ -218,7 +223,8 @@ __device__ __forceinline__ bool CachedBlockTile(const PageLayout& sl, const Page
 
 // ---- Streaming path, any tile size: amax pass, then encode pass reading the tile again ----
 
-// Returns false, having written nothing, when kFast and the tile holds a NaN or an Inf.
+// Returns false, having written nothing, when kFast and the tile holds a NaN, an Inf or a
+// magnitude above kFastAmaxMax.
 template <bool kFast, bool kSrc16>
 __device__ __forceinline__ bool StreamBlockTile(const PageLayout& sl, const PageLayout& dl,
                                                 const Tile& t, int lane) {
@@ -232,7 +238,7 @@ __device__ __forceinline__ bool StreamBlockTile(const PageLayout& sl, const Page
 #pragma unroll
     for (int i = 0; i < 16; ++i) amax = AmaxStepOf<kFast>(amax, x[i]);
   }
-  if (kFast && AnyNonFinite(amax)) return false;
+  if (kFast && AnyBeyondFastForms(amax)) return false;
   const float mult = StoreBlockScale(dl, t, lane, WarpMax(amax));
   const bool nvfp4 = t.dst_type == ElementType::kNvfp4;
   uint8_t* const rows = TileRows(dl, t, t.dst);
@@ -256,7 +262,8 @@ __device__ __forceinline__ bool StreamBlockTile(const PageLayout& sl, const Page
 
 // ---- NVFP4, micro-blocks of 16 tokens per channel, second level per (block, head) ----
 
-// Returns false, having written nothing, when kFast and the tile holds a NaN or an Inf.
+// Returns false, having written nothing, when kFast and the tile holds a NaN, an Inf or a
+// magnitude above kFastAmaxMax.
 // A lane owns a channel pair (d, d + 1) of a 16-token segment: one output byte per token.
 template <bool kFast, bool kSrc16>
 __device__ __forceinline__ bool Nvfp4ChannelTile(const PageLayout& sl, const PageLayout& dl,
@@ -271,7 +278,7 @@ __device__ __forceinline__ bool Nvfp4ChannelTile(const PageLayout& sl, const Pag
 #pragma unroll
     for (int i = 0; i < 16; ++i) amax = AmaxStepOf<kFast>(amax, x[i]);
   }
-  if (kFast && AnyNonFinite(amax)) return false;
+  if (kFast && AnyBeyondFastForms(amax)) return false;
   const float s_enc = StoreBlockScale(dl, t, lane, WarpMax(amax));
   const int pairs = sl.head_dim / 2;
   const int units = (sl.tokens / kMicroBlock) * pairs;
@@ -295,8 +302,10 @@ __device__ __forceinline__ bool Nvfp4ChannelTile(const PageLayout& sl, const Pag
     const uint32_t mask1 = m1 > 0.f ? 0xF0u : 0u;
 #pragma unroll
     for (int i = 0; i < kMicroBlock; ++i) {
-      const uint32_t q0 = kFast ? FastE2M1(x0[i] * m0) : codec::FloatToE2M1(x0[i] * m0);
-      const uint32_t q1 = kFast ? FastE2M1(x1[i] * m1) : codec::FloatToE2M1(x1[i] * m1);
+      const uint32_t q0 =
+          kFast ? FastE2M1(x0[i], E2M1Steps(m0)) : codec::Nvfp4EncodeScaled(x0[i], m0);
+      const uint32_t q1 =
+          kFast ? FastE2M1(x1[i], E2M1Steps(m1)) : codec::Nvfp4EncodeScaled(x1[i], m1);
       t.dst[dl.PayloadOffset(Side(dl, t), t.head, t0 + i) + d / 2] =
           static_cast<uint8_t>((q0 & mask0) | ((q1 << 4) & mask1));
     }

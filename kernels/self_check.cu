@@ -18,6 +18,16 @@ __device__ void Mismatch(unsigned long long* counts, unsigned int* first, int wh
   atomicMin(&first[which], input);
 }
 
+// A multiplier in E2M1Steps' range [2^-125, 2^117] drawn from the bits of u.
+__device__ float MultiplierOf(uint32_t u) {
+  const uint32_t h = u * 0x9E3779B1u;
+  return __uint_as_float(((2u + (h >> 24) % 243u) << 23) | (h & 0x7FFFFFu));
+}
+
+// The E2M1 midpoints and values, and two points above 6.
+__constant__ float kE2M1Edges[16] = {0.25f, 0.5f, 0.75f, 1.f, 1.25f, 1.5f, 1.75f, 2.f,
+                                     2.5f,  3.f,  3.5f,  4.f, 5.f,   6.f,  6.5f,  7.f};
+
 __global__ void SelfCheckKernel(unsigned long long* counts, unsigned int* first) {
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -30,8 +40,17 @@ __global__ void SelfCheckKernel(unsigned long long* counts, unsigned int* first)
     const uint32_t ex = codec::FloatToE4M3(x);
     const uint32_t ey = codec::FloatToE4M3(y);
     if (got != (ex | (ey << 8) | (ey << 16) | (ex << 24))) Mismatch(counts, first, 0, u);
-    if ((u & 0x7FFFFFFFu) <= 0x7F800000u && FastE2M1(x) != codec::FloatToE2M1(x)) {
-      Mismatch(counts, first, 1, u);
+    // E2M1 of exact products: every non-NaN x by 1 and by a multiplier drawn from its bits,
+    // and products next to each midpoint and value (RN(edge / m), moved by -8 to +7 ulps).
+    if ((u & 0x7FFFFFFFu) <= 0x7F800000u) {
+      const float m = MultiplierOf(u);
+      const float near =
+          __uint_as_float(__float_as_uint(kE2M1Edges[u & 15] / m) + ((u >> 4) & 15) - 8);
+      if (FastE2M1(x, E2M1Steps(1.f)) != codec::ProductToE2M1(x, 1.f) ||
+          FastE2M1(x, E2M1Steps(m)) != codec::ProductToE2M1(x, m) ||
+          FastE2M1(near, E2M1Steps(m)) != codec::ProductToE2M1(near, m)) {
+        Mismatch(counts, first, 1, u);
+      }
     }
     if (u < 0x10000u && (u & 0x7FFFu) <= 0x7C00u &&
         __float_as_uint(FastHalfToFloat(u)) !=

@@ -411,6 +411,36 @@ TEST(Fp4Test, SaturationNanAndSignedZero) {
   EXPECT_EQ(FloatToE2M1(-0x1.fffffcp-127f), 0x8);
 }
 
+TEST(Fp4Test, ProductRoundsOnce) {
+  // Where x * m is exact (m a power of two), the product's code is the float's.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-8.f, 8.f);
+  for (int i = 0; i < 100000; ++i) {
+    const float x = dist(rng), m = std::ldexp(1.f, static_cast<int>(rng() % 9) - 4);
+    EXPECT_EQ(ProductToE2M1(x / m, m), FloatToE2M1(x)) << x << " " << m;
+  }
+  // x m = 0.25 (1 + 2^-24 - 2^-47) is above the midpoint 0.25 and rounds to 0.5; as a float it
+  // rounds to 0.25, a tie that FloatToE2M1 sends to 0.
+  const float x = 0.25f * 0x1.fffffep-1f, m = 0x1.000002p0f;
+  EXPECT_EQ(FloatToE2M1(x * m), 0x0);
+  EXPECT_EQ(ProductToE2M1(x, m), 0x1);
+  EXPECT_EQ(ProductToE2M1(-x, m), 0x9);
+  // Below a midpoint: 0.75 (1 - 2^-44) rounds to 0.5 as a product, to the tie 0.75 (and so to
+  // 1) as a float.
+  const float y = 0.75f * 0x1.000004p0f, n = 0x1.fffff8p-1f;
+  EXPECT_EQ(FloatToE2M1(y * n), 0x2);
+  EXPECT_EQ(ProductToE2M1(y, n), 0x1);
+  // Saturation, NaN, infinities and signed zeros as FloatToE2M1; no overflow to a float.
+  EXPECT_EQ(ProductToE2M1(FLT_MAX, 4.f), 0x7);
+  EXPECT_EQ(ProductToE2M1(-FLT_MAX, 4.f), 0xF);
+  EXPECT_EQ(ProductToE2M1(INFINITY, 0x1p-100f), 0x7);
+  EXPECT_EQ(ProductToE2M1(-INFINITY, 1.f), 0xF);
+  EXPECT_EQ(ProductToE2M1(NAN, 1.f), 0x7);
+  EXPECT_EQ(ProductToE2M1(-NAN, 1.f), 0x7);
+  EXPECT_EQ(ProductToE2M1(-0.f, 3.f), 0x8);
+  EXPECT_EQ(ProductToE2M1(-0x1p-149f, 0x1p-20f), 0x8);  // the product underflows a float
+}
+
 TEST(Fp4Test, PackOrderMatchesCuda) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-8.f, 8.f);

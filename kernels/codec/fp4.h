@@ -32,6 +32,21 @@ KVTIER_HD uint8_t FloatToE2M1(float x) {
   return static_cast<uint8_t>(sign | code);
 }
 
+// The E2M1 code of the exact product x * m, rounded once (FloatToE2M1(x * m) rounds twice: to
+// a float, then to E2M1, and can differ next to a midpoint). The product of two floats is exact
+// in a double (24 + 24 significant bits, exponents in range), whose midpoint compares follow
+// FloatToE2M1's; NaN (also Inf x 0) gives +6 as there. REQUIRES: m > 0.
+KVTIER_HD uint8_t ProductToE2M1(float x, float m) {
+  const double p = static_cast<double>(x) * m;
+  const double a = p < 0 ? -p : p;
+  // Each '!(a <= ...)' or '!(a < ...)' counts a NaN as above the midpoint.
+  const uint32_t code = (!(a <= 0.25) ? 1u : 0u) + (!(a < 0.75) ? 1u : 0u) +
+                        (!(a <= 1.25) ? 1u : 0u) + (!(a < 1.75) ? 1u : 0u) +
+                        (!(a <= 2.5) ? 1u : 0u) + (!(a < 3.5) ? 1u : 0u) + (!(a <= 5.0) ? 1u : 0u);
+  const uint32_t sign = a != a ? 0u : (internal::FloatBits(x) >> 28) & 0x8u;
+  return static_cast<uint8_t>(sign | code);
+}
+
 // Decodes the low nibble of `code`; the high nibble is ignored.
 KVTIER_HD float E2M1ToFloat(uint8_t code) {
   static constexpr float kValues[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,

@@ -2,15 +2,17 @@
 // 16 values, and one fp32 second-level scale per scope (tensor or (block, head)) derived from
 // the scope's amax A. Stored value x scale = real value.
 //
-// Every step below is one IEEE fp32 operation rounded to nearest even, in this order, so the
-// host and the device produce identical codes (device code: no fast-math, so that division is
-// IEEE; the recipe has no additions, so FMA contraction cannot change it):
+// Every step below is one IEEE fp32 operation rounded to nearest even (q: one rounding of the
+// exact product), in this order, so the host and the device produce identical codes (device
+// code: no fast-math, so that division is IEEE; the recipe has no additions, so FMA contraction
+// cannot change it):
 //   A'    = A >= kNvfp4MinAmax ? min(A, FLT_MAX) : 0   (NaN, 0, tiny -> 0; +Inf -> FLT_MAX)
 //   S_enc = A' > 0 ? 2688 / A' : 0                      (2688 = 448 * 6)
 //   d     = A' / 2688                                   (the stored decode multiplier)
 //   sf    = t > 0 ? e4m3(t) : 0,  t = (S_enc * a) / 6   (a: the micro-block's amax)
 //   m     = S_enc / float(sf)
-//   q     = 0 < m <= FLT_MAX ? e2m1(x * m) : 0          (sf == 0 or S_enc == 0: zeros)
+//   q     = 0 < m <= FLT_MAX ? e2m1(x * m) : 0          (sf == 0 or S_enc == 0: zeros; the
+//                                                        product exact, rounded once to E2M1)
 //   x'    = (float(q) * float(sf)) * d                  (the first product is exact)
 //
 // Amax arguments should be the largest |x| over the finite values of their scope; then +-Inf
@@ -72,8 +74,9 @@ KVTIER_HD float Nvfp4EncodeMultiplier(float s_enc, uint8_t micro_scale_e4m3) {
   return m > 0.f && m <= FLT_MAX ? m : 0.f;
 }
 
-// e2m1(x * m) for a multiplier from Nvfp4EncodeMultiplier; 0 when m is 0.
-KVTIER_HD uint8_t Nvfp4EncodeScaled(float x, float m) { return m > 0.f ? FloatToE2M1(x * m) : 0; }
+// e2m1(x * m), the product exact (ProductToE2M1), for a multiplier from
+// Nvfp4EncodeMultiplier; 0 when m is 0.
+KVTIER_HD uint8_t Nvfp4EncodeScaled(float x, float m) { return m > 0.f ? ProductToE2M1(x, m) : 0; }
 
 KVTIER_HD uint8_t Nvfp4EncodeValue(float x, float s_enc, uint8_t micro_scale_e4m3) {
   return Nvfp4EncodeScaled(x, Nvfp4EncodeMultiplier(s_enc, micro_scale_e4m3));
