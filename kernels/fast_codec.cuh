@@ -23,6 +23,11 @@
 //                    code equals codec::FloatToE4M3(p / 6) for every p in [+0, FLT_MAX].
 //   FastDivideByE4M3 a / d for d the value of a positive E4M3 code, without the IEEE division's
 //                    range checks: equal to a / d wherever the quotient is a normal float.
+//                    The code's value and reciprocal come from a table (one load), and code
+//                    0 gives 0.
+//   FastDivideBy2688, FastDivide2688By
+//                    A / 2688 and 2688 / A, the NVFP4 scope scales, for A in
+//                    [kNvfp4MinAmax, 2^125]: equal to the IEEE divisions there.
 #ifndef KVTIER_KERNELS_FAST_CODEC_CUH_
 #define KVTIER_KERNELS_FAST_CODEC_CUH_
 
@@ -112,12 +117,21 @@ __device__ __forceinline__ uint32_t FastE2M1(float x, const E2M1Steps& k) {
   return (FastE2M1MagnitudeBiased(x, k) - kE2M1Bias) | ((__float_as_uint(x) >> 28) & 8u);
 }
 
+// The bytes of {b1, b0} that kSelector names (as __byte_perm's), each filled with its sign bit:
+// prmt.b32's selector nibbles with bit 3 set (which __byte_perm ignores).
+template <uint32_t kSelector>
+__device__ __forceinline__ uint32_t SignBytes(uint32_t b0, uint32_t b1) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(b0), "r"(b1), "n"(kSelector | 0x8888u));
+  return r;
+}
+
 // Bit 4i + 3 set where the sign bit (bit 7) of byte i of the eight bytes b0 (0-3, low byte
 // first) and b1 (4-7) is set: the sign bits of eight packed E2M1 codes.
 __device__ __forceinline__ uint32_t SignNibbles8(uint32_t b0, uint32_t b1) {
-  const uint32_t even = __byte_perm(b0, b1, 0x6420);  // bytes 0, 2, 4, 6
-  const uint32_t odd = __byte_perm(b0, b1, 0x7531);   // bytes 1, 3, 5, 7
-  return ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+  const uint32_t even = SignBytes<0x6420>(b0, b1);  // bytes 0, 2, 4, 6
+  const uint32_t odd = SignBytes<0x7531>(b0, b1);   // bytes 1, 3, 5, 7
+  return (even & 0x08080808u) | (odd & 0x80808080u);
 }
 
 // Eight E2M1 codes of the exact products x[i] * m packed as codec::PackE2M1x2 does (x[0] in the
@@ -144,16 +158,54 @@ __device__ __forceinline__ float FastDivideBy6(float p) {
   return __fmaf_rn(__fmaf_rn(-q, 6.f, p), kSixth, q);
 }
 
+// The value d of each E4M3 code c < 128 and RN(1 / d), for FastDivideByE4M3; code 0 holds
+// {1, 0}, so that its quotient is 0. Computed by the compiler: d is (8 + mantissa) x 2^(exp - 10)
+// for exp > 0 and mantissa x 2^-9 for exp 0, exactly, and a constant division rounds as IEEE.
+struct E4M3Step {
+  float value, reciprocal;
+};
+struct E4M3Steps {
+  E4M3Step code[128];
+  constexpr E4M3Steps() : code{} {
+    for (int c = 1; c < 128; ++c) {
+      const int exp = c >> 3, mantissa = c & 7;
+      float d = exp == 0 ? mantissa * 0x1p-9f : (8 + mantissa) * 0x1p-10f;
+      for (int e = 0; e < exp; ++e) d *= 2.f;
+      code[c] = {d, 1.f / d};
+    }
+    code[0] = {1.f, 0.f};
+  }
+};
+static __device__ const E4M3Steps kE4M3Steps;
+
 // a / d, correctly rounded, for d = E4M3ToFloat(code) with code in [1, 0x7E] and a / d a normal
-// float. The hardware reciprocal refined by one Newton step is RN(1 / d) for each of these 126
-// values (self-check); the product a x RN(1 / d) corrected once by its exact residual is then
-// RN(a / d) (Markstein's theorem, as FastDivideBy6).
-__device__ __forceinline__ float FastDivideByE4M3(float a, float d) {
+// float; 0 for code 0. The table's RN(1 / d) makes the product a x RN(1 / d), corrected once by
+// its exact residual, RN(a / d) (Markstein's theorem, as FastDivideBy6).
+__device__ __forceinline__ float FastDivideByE4M3(float a, uint32_t code) {
+  const float2 step = __ldg(reinterpret_cast<const float2*>(&kE4M3Steps.code[code]));
+  const float q = __fmul_rn(a, step.y);
+  return __fmaf_rn(__fmaf_rn(-q, step.x, a), step.y, q);
+}
+
+// A / 2688 for A in [2^-96, FLT_MAX]: RN(1 / 2688) and one correction (Markstein's theorem:
+// the quotient is a normal float).
+__device__ __forceinline__ float FastDivideBy2688(float a) {
+  constexpr float kInverse = 1.f / 2688.f;
+  const float q = __fmul_rn(a, kInverse);
+  return __fmaf_rn(__fmaf_rn(-q, 2688.f, a), kInverse, q);
+}
+
+// 2688 / A for A in [2^-96, kFastDivide2688ByMax]: the hardware reciprocal refined by one Newton
+// step, the quotient corrected once by its residual, without the IEEE division's range checks.
+// Equal to the IEEE division on every such A (self-check); above 2^126 the reciprocal would be
+// subnormal, which the approximation flushes to zero.
+constexpr float kFastDivide2688ByMax = 0x1p125f;
+__device__ __forceinline__ float FastDivide2688By(float a) {
   float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));  // d >= 2^-9: normal
-  r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.f), r);
-  const float q = __fmul_rn(a, r);
-  return __fmaf_rn(__fmaf_rn(-q, d, a), r, q);
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  r = __fmaf_rn(r, __fmaf_rn(-a, r, 1.f), r);
+  const float q = __fmul_rn(2688.f, r);
+  return __fmaf_rn(__fmaf_rn(-q, a, 2688.f), r, q);
 }
 
 // max(a, |x|) where a NaN x makes the result NaN (PTX max.NaN): an amax that also flags NaN.

@@ -61,13 +61,21 @@ __global__ void SelfCheckKernel(unsigned long long* counts, unsigned int* first)
       Mismatch(counts, first, 4, u);
     }
     // Every significand of a in [1, 2) by every positive non-NaN E4M3 value d (code u >> 23):
-    // the quotients of other binades of a are these scaled by powers of two, exactly.
-    if (u < (0x7Fu << 23) && (u >> 23) != 0) {
+    // the quotients of other binades of a are these scaled by powers of two, exactly. Code 0
+    // gives 0.
+    if (u < (0x7Fu << 23)) {
       const float a = __uint_as_float(0x3F800000u | (u & 0x7FFFFFu));
-      const float d = codec::E4M3ToFloat(static_cast<uint8_t>(u >> 23));
-      if (__float_as_uint(FastDivideByE4M3(a, d)) != __float_as_uint(a / d)) {
+      const uint32_t code = u >> 23;
+      const float d = codec::E4M3ToFloat(static_cast<uint8_t>(code));
+      if (__float_as_uint(FastDivideByE4M3(a, code)) != (code == 0 ? 0u : __float_as_uint(a / d))) {
         Mismatch(counts, first, 5, u);
       }
+    }
+    // The NVFP4 scope scales of every A in [2^-96, 2^125].
+    if (u >= 0x0F800000u && u <= __float_as_uint(kFastDivide2688ByMax) &&
+        (__float_as_uint(FastDivideBy2688(x)) != __float_as_uint(x / 2688.f) ||
+         __float_as_uint(FastDivide2688By(x)) != __float_as_uint(2688.f / x))) {
+      Mismatch(counts, first, 6, u);
     }
     // Pairs of non-NaN codes (u < 2^16), each code alone (u < 2^8).
     if (u < 0x10000u && (u & 0x7Fu) != 0x7Fu && ((u >> 8) & 0x7Fu) != 0x7Fu) {

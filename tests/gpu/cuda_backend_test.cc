@@ -43,7 +43,8 @@ TEST(CudaBackendTest, FastCodecsPassTheirSelfCheck) {
   ASSERT_TRUE(check.ran);
   const char* const names[gpu::kSelfCheckCounters] = {"e4m3 encode", "e2m1 encode",
                                                        "fp16 decode", "e4m3 decode",
-                                                       "e4m3 of p / 6", "division by e4m3"};
+                                                       "e4m3 of p / 6", "division by e4m3",
+                                                       "nvfp4 scope scales"};
   for (int i = 0; i < gpu::kSelfCheckCounters; ++i) {
     EXPECT_EQ(check.mismatches[i], 0u)
         << names[i] << ": first mismatch at input bits 0x" << std::hex << check.first_mismatch[i];
