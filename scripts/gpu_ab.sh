@@ -3,7 +3,8 @@
 # ROUNDS rounds, each running `--only CASE BATCH CONTEXT` of every build once, so that a slow
 # spell of the GPU falls on all builds alike. Then the median of each row over the rounds, per
 # build, beside the reference build's.
-#   scripts/gpu_ab.sh DIR "CASE BATCH CONTEXT" ...
+#   scripts/gpu_ab.sh DIR "CASE BATCH CONTEXT"|data-plane ...
+# (data-plane: the copy roof, migration and append rows of `--data-plane-only`)
 # DIR holds the builds (kvtier_gpu_bench binaries, or gzip files of them, named by variant; the
 # first name in alphabetical order is the reference), and bundle/lib the libraries they load
 # (scripts/gpu_bundle.sh). ROUNDS (default 3); BUILDS (default all): the variant names to time,
@@ -33,11 +34,16 @@ for name in $names; do
   list+=("$bins/$name")
 done
 for shape in "$@"; do
-  read -r case batch context <<<"$shape"
+  if [ "$shape" = data-plane ]; then
+    args=(--data-plane-only)
+  else
+    read -r case batch context <<<"$shape"
+    args=(--only "$case" "$batch" "$context")
+  fi
   for round in $(seq "${ROUNDS:-3}"); do
     for b in "${list[@]}"; do
-      run=/tmp/ab_runs/$(basename "$b")__${case}_${batch}_${context}__$round.json
-      timeout 120 "$b" "$run" --only "$case" "$batch" "$context" >/dev/null 2>"$run.err" ||
+      run=/tmp/ab_runs/$(basename "$b")__$(echo "$shape" | tr ' ' _)__$round.json
+      timeout 120 "$b" "$run" "${args[@]}" >/dev/null 2>"$run.err" ||
         { echo "$(basename "$b") $shape round $round failed:"; tail -3 "$run.err"; }
     done
   done
