@@ -13,7 +13,7 @@
 //                    once and the smallest result is the code. Equal to codec::ProductToE2M1
 //                    for every non-NaN x and every m of E2M1Steps' range.
 //                    FastPackE2M1x8 packs eight magnitudes the same way and takes the sign
-//                    bits from the caller (from the source bytes, 5 instructions per 8 values).
+//                    bits from the caller (from the source bytes, 4 instructions per 8 values).
 //   FastE4M3         the same conversion of one value that is not NaN (no NaN byte results).
 //   FastE4M3ToFloat  the hardware E4M3 -> FP16 conversion, then FP16 -> float. Equal to
 //                    codec::E4M3ToFloat for the 254 non-NaN codes; NaN codes give a NaN
@@ -188,7 +188,8 @@ __device__ __forceinline__ float FastDivideByE4M3(float a, uint32_t code) {
 }
 
 // A / 2688 for A in [2^-96, FLT_MAX]: RN(1 / 2688) and one correction (Markstein's theorem:
-// the quotient is a normal float).
+// the quotient is a normal float). The self-check compares the range the migration uses, A up
+// to kFastDivide2688ByMax.
 __device__ __forceinline__ float FastDivideBy2688(float a) {
   constexpr float kInverse = 1.f / 2688.f;
   const float q = __fmul_rn(a, kInverse);
