@@ -183,9 +183,9 @@ cudaError_t LaunchReadPage(const ReadPageParams& p, cudaStream_t stream);
 // conversion; first_mismatch (same size, set to ~0 by the caller) the smallest failing input
 // bits. E4M3 encode, E2M1 encode of products (every float by 1 and by a multiplier drawn from
 // its bits, and products next to E2M1's midpoints: a sample, the multipliers being 2^32 more
-// inputs), FP16 decode, E4M3 decode (one code and pairs), E4M3 of p / 6
-// (the NVFP4 micro-scale), division by an E4M3 value (the NVFP4 multiplier), the NVFP4 scope
-// scales A / 2688 and 2688 / A
+// inputs), FP16 decode, E4M3 decode (one code and pairs), E4M3 of p / 6 (the NVFP4
+// micro-scale), division by an E4M3 value (the NVFP4 multiplier), the NVFP4 scope scales
+// A / 2688 and 2688 / A (A up to 2^125)
 constexpr int kSelfCheckCounters = 7;
 cudaError_t LaunchFastCodecSelfCheck(unsigned long long* counts, unsigned int* first_mismatch,
                                      cudaStream_t stream);

@@ -161,6 +161,8 @@ __device__ __forceinline__ float FastDivideBy6(float p) {
 // The value d of each E4M3 code c < 128 and RN(1 / d), for FastDivideByE4M3; code 0 holds
 // {1, 0}, so that its quotient is 0. Computed by the compiler: d is (8 + mantissa) x 2^(exp - 10)
 // for exp > 0 and mantissa x 2^-9 for exp 0, exactly, and a constant division rounds as IEEE.
+// (codec::E4M3ToFloat, the definition, is not constexpr; the self-check divides by each code's
+// value from it, which pins the table to it.)
 struct E4M3Step {
   float value, reciprocal;
 };
