@@ -2,14 +2,16 @@
 """Static SASS of one decode kernel instance's page loop, without a GPU.
 
 Compiles PagedDecodeKernel<ARGS> alone (kernels/attention/decode_kernel.cuh, the build's nvcc
-flags, sm_90) in about two seconds and prints its registers and spills (ptxas), and the
-instructions of its page loop: the shortest backward branch whose body holds one page's
-tensor-core products (16 HMMA a tile of 8 query heads, and one more with page weights). With a
-kernel whose side kinds are known at compile time (a kKinds argument, or `--nvfp4-only`, which
-makes every page of the generic kernel an NVFP4 one), the loop is the NVFP4 page's code; its
-rare blocks (the rescale, the next batch of table entries, the clearing of a last page) are
-counted too, so compare variants with each other, not with the profiler's executed
-instructions per page (docs/results/untimed-s18/README.md).
+flags, sm_90) in about two seconds and prints its registers and spills (ptxas), the
+instructions of its page loop (the shortest backward branch whose body holds one page's
+tensor-core products: 16 HMMA a tile of 8 query heads, one more with page weights) and its hot
+path: the loop less its rare regions, the bodies of forward branches that hold the rescale (the
+new unit's reciprocal, MUFU.RCP), the next batch of table entries (an LDG) or the clearing of a
+last page (a CALL). With a kernel whose side kinds are known at compile time (a kKinds
+argument, or `--nvfp4-only`, which makes every page of the generic kernel an NVFP4 one) that is
+the NVFP4 page's path. It is an estimate, for comparing variants: main's generic kernel executed
+527 distinct instructions once a page in session 15's profile, where `--nvfp4-only` on main
+estimates 541 (docs/results/untimed-s18/README.md).
   scripts/decode_loop_sass.py '1, 5, PageLse::kNone, true' [--nvfp4-only] [--opcodes]
 Run from the repository root, on the working tree as it is (apply a variant's patch first).
 """
@@ -35,20 +37,45 @@ NVFP4_ONLY = {
 }
 
 
-def page_loop(sass, tiles):
-    ins = []
+def parse(sass):
+    """[(address, instruction)] of cuobjdump's SASS."""
+    out = []
     for line in sass.splitlines():
         m = re.match(r'\s+/\*([0-9a-f]{4,5})\*/\s+(.*?)\s*;', line)
         if m:
-            ins.append((int(m.group(1), 16), m.group(2)))
+            out.append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def branch_target(text):
+    m = re.search(r'\bBRA\s.*?0x([0-9a-f]+)', text)
+    return int(m.group(1), 16) if m and 'BRA.DIV' not in text else None
+
+
+def page_loop(ins, tiles):
     loops = []
     for at, text in ins:
-        m = re.search(r'\bBRA\s.*?0x([0-9a-f]+)', text)
-        if m and 'BRA.DIV' not in text and int(m.group(1), 16) < at:
-            body = [t for a, t in ins if int(m.group(1), 16) <= a <= at]
-            if 16 * tiles <= sum('HMMA' in t for t in body) <= 17 * tiles:
+        target = branch_target(text)
+        if target is not None and target < at:
+            body = [(a, t) for a, t in ins if target <= a <= at]
+            if 16 * tiles <= sum('HMMA' in t for _, t in body) <= 17 * tiles:
                 loops.append(body)
     return min(loops, key=len) if loops else None
+
+
+def rare_regions(body):
+    """Addresses of the loop's rare regions: each marker's innermost forward-branch body."""
+    regions = [(a, branch_target(t)) for a, t in body
+               if t.startswith('@') and (branch_target(t) or 0) > a]
+    rare = set()
+    for at, text in body:
+        plain = re.sub(r'^@!?P\d\s+', '', text)
+        if re.match(r'(MUFU\.RCP|LDG|CALL)\b', plain):  # not LDGSTS, the staging's copies
+            inner = [(s, e) for s, e in regions if s < at < e]
+            if inner:
+                s, e = min(inner, key=lambda r: r[1] - r[0])
+                rare.update(a for a, _ in body if s < a < e)
+    return rare
 
 
 def main():
@@ -84,14 +111,16 @@ def main():
         print('\n'.join(usage[:2]))
         sass = subprocess.run(['cuobjdump', '-sass', cubin], capture_output=True,
                               text=True, check=True).stdout
-    body = page_loop(sass, int(args[0].split(',')[0]))
+    body = page_loop(parse(sass), int(args[0].split(',')[0]))
     if body is None:
         sys.exit("no loop with one page's HMMA: a generic kernel holds every kind (--nvfp4-only)")
-    print(f'page loop: {len(body)} instructions')
+    rare = rare_regions(body)
+    print(f'page loop: {len(body)} instructions, rare regions {len(rare)}, '
+          f'hot path {len(body) - len(rare)}')
     if '--opcodes' in sys.argv:
         ops = collections.Counter(re.sub(r'^@!?U?P\w+\s+', '', t).split()[0].split('.')[0]
-                                  for t in body)
-        print(' '.join(f'{o}:{n}' for o, n in ops.most_common()))
+                                  for a, t in body if a not in rare)
+        print('hot path:', ' '.join(f'{o}:{n}' for o, n in ops.most_common()))
 
 
 if __name__ == '__main__':
