@@ -10,8 +10,8 @@ new unit's reciprocal, MUFU.RCP), the next batch of table entries (an LDG) or th
 last page (a CALL). With a kernel whose side kinds are known at compile time (a kKinds
 argument, or `--nvfp4-only`, which makes every page of the generic kernel an NVFP4 one) that is
 the NVFP4 page's path. It is an estimate, for comparing variants: main's generic kernel executed
-527 distinct instructions once a page in session 15's profile, where `--nvfp4-only` on main
-estimates 541 (docs/results/untimed-s18/README.md).
+527 distinct instructions once a page in session 15's profile (538 with page weights), where
+`--nvfp4-only` on main estimates 541 (549) (docs/results/untimed-s18/README.md).
   scripts/decode_loop_sass.py '1, 5, PageLse::kNone, true' [--nvfp4-only] [--opcodes]
 Run from the repository root, on the working tree as it is (apply a variant's patch first).
 """
