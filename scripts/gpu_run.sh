@@ -12,6 +12,12 @@
 #                          about 4 minutes: its GPU tests (KVTIER_GPU_TEST_SCALE=0.25), the
 #                          benchmarks (JSON), memcheck of the page-weight and rotated-key tests
 #                          and racecheck of two page-weight tests (scale 0.1).
+#   gpu_run.sh migration   after a change to the migration kernels alone (kernels/migrate.cu and
+#                          the codecs they use), in about 2 minutes: the data-plane GPU tests (the
+#                          fast-codec self-check, the parity of every palette pair with the CPU
+#                          backend), the parity and stress tests at 2, 3 and 4 blocks per SM, the
+#                          data-plane benchmarks (JSON) and memcheck of the parity tests (scale
+#                          0.2).
 # Writes summary.txt, the benchmarks' JSON and the logs (logs-PART.tar.gz) under $OUT (default
 # ./gpu-out) and prints a summary last.
 # With the device tool: run(command="bash scripts/gpu_run.sh tests", carry=["bundle"]), then
@@ -29,8 +35,8 @@ summary=$out/summary.txt
   compute-sanitizer --version | tail -1
 } >"$summary" 2>&1
 part=${1:-all}
-case "$part" in tests|sanitizers|decode|all) ;;
-  *) echo "usage: gpu_run.sh [tests|sanitizers|decode]" >&2; exit 2 ;;
+case "$part" in tests|sanitizers|decode|migration|all) ;;
+  *) echo "usage: gpu_run.sh [tests|sanitizers|decode|migration]" >&2; exit 2 ;;
 esac
 status=0
 step() {  # name, timeout seconds, command...
@@ -43,13 +49,17 @@ step() {  # name, timeout seconds, command...
     tee -a "$summary"
   [ "$rc" = 0 ] || status=1
 }
+# The parity and stress tests again with the other migration kernel occupancies.
+other_occupancies() {
+  for blocks in 2 3 4; do
+    step "tests_migrate$blocks" 40 env KVTIER_CUDA_MIGRATE=$blocks bundle/kvtier_gpu_tests \
+      --gtest_filter='CudaParityTest.EveryPalette*:CudaStressTest.Tiny*'
+  done
+}
 # The step limits of each part add up to under the device tool's 10 minutes per command.
 if [ "$part" = tests ] || [ "$part" = all ]; then
 step tests 420 bundle/kvtier_gpu_tests --gtest_output="json:$out/tests.json"
-for blocks in 2 3 4; do
-  step "tests_migrate$blocks" 40 env KVTIER_CUDA_MIGRATE=$blocks bundle/kvtier_gpu_tests \
-    --gtest_filter='CudaParityTest.EveryPalette*:CudaStressTest.Tiny*'
-done
+other_occupancies
 step bench 60 bundle/kvtier_gpu_bench "$out/bench.json"
 cat "$out/bench.log" >>"$summary"
 # The same without programmatic dependent launches (kernels/dependent_launch.cuh), beside it.
@@ -70,6 +80,16 @@ step memcheck 120 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memchec
 step racecheck 150 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
   --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests \
   --gtest_filter='DecodeAttentionTest.PageWeightsUnsplit:DecodeAttentionTest.PageWeightsSplitKv'
+fi
+if [ "$part" = migration ]; then
+data_plane=CudaBackendTest.*:CudaParityTest.*:CudaStressTest.*:HostTierGpuTest.*
+step tests 150 bundle/kvtier_gpu_tests --gtest_output="json:$out/tests.json" \
+  --gtest_filter="$data_plane:PreparedAppendGpuTest.*"
+other_occupancies
+step bench 60 bundle/kvtier_gpu_bench "$out/bench.json" --data-plane-only
+cat "$out/bench.log" >>"$summary"
+step memcheck 120 env KVTIER_GPU_TEST_SCALE=0.2 compute-sanitizer --tool memcheck \
+  --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests --gtest_filter='CudaParityTest.*'
 fi
 if [ "$part" = sanitizers ] || [ "$part" = all ]; then
 export KVTIER_CUDA_FAST_CODEC=on KVTIER_GPU_TEST_SCALE=${KVTIER_GPU_TEST_SCALE:-0.2}
