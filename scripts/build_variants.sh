@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds kvtier_gpu_bench at HEAD and with each patch given applied to HEAD, stripped and
-# gzipped into variants/ (NAME.gz: a patch's file name without .diff; HEAD's is
+# gzipped into $VARIANTS (NAME.gz: a patch's file name without .diff; HEAD's is
 # a_head_<commit>.gz, the first in alphabetical order: scripts/gpu_ab.sh's reference), for
-# timing in turns on the GPU machine:
-#   scripts/build_variants.sh docs/results/untimed-s18/q4_query_shared.diff ...
-#   run(command="ROUNDS=3 bash scripts/gpu_ab.sh variants 'nvfp4_block_head 64 32768'",
-#       carry=["bundle/lib", "variants"])
+# timing in turns on the GPU machine. VARIANTS: a folder under the ignored variants/ (Default:
+# variants), so that each device call carries only its own builds within the 64 MiB:
+#   VARIANTS=variants/decode scripts/build_variants.sh docs/results/untimed-s18/q4_query_shared.diff
+#   run(command="ROUNDS=3 bash scripts/gpu_ab.sh variants/decode 'nvfp4_block_head 64 32768'",
+#       carry=["bundle/lib", "variants/decode"])
 # Uses build-gpu/ (scripts/gpu_bundle.sh configures it) and leaves the working tree as it found
 # it, also when a build fails or the script is stopped; refuses to start on a tree with
 # uncommitted changes to tracked files, which the patches would mix with.
@@ -22,14 +23,15 @@ fi
 for patch in "$@"; do
   git apply --check "$patch" || { echo "$patch does not apply to HEAD" >&2; exit 1; }
 done
-mkdir -p variants
+out=${VARIANTS:-variants}
+mkdir -p "$out"
 build() {  # name
   echo "building $1"
   local log=build-gpu/variant_$1.log
   cmake --build build-gpu -j "${JOBS:-2}" --target kvtier_gpu_bench >"$log" 2>&1 ||
     { tail -20 "$log"; return 1; }
   strip -o "build-gpu/variant_$1" build-gpu/kvtier_gpu_bench
-  gzip -c "build-gpu/variant_$1" >"variants/$1.gz"
+  gzip -c "build-gpu/variant_$1" >"$out/$1.gz"
   rm "build-gpu/variant_$1"
 }
 applied=""
@@ -42,4 +44,4 @@ for patch in "$@"; do
   git apply -R "$patch"
   applied=""
 done
-ls -l variants
+ls -l "$out"
