@@ -13,7 +13,8 @@ the NVFP4 page's path. It is an estimate, for comparing variants: main's generic
 527 distinct instructions once a page in session 15's profile (538 with page weights), where
 `--nvfp4-only` on main estimates 541 (549) (docs/results/untimed-s18/README.md).
   scripts/decode_loop_sass.py '1, 5, PageLse::kNone, true' [--nvfp4-only] [--opcodes]
-Run from the repository root, on the working tree as it is (apply a variant's patch first).
+Run from the repository root, on the working tree as it is (apply a variant's patch first);
+it writes nothing there.
 """
 import collections
 import os
@@ -23,9 +24,11 @@ import sys
 import tempfile
 
 FLAGS = ['-O3', '-DNDEBUG', '-gencode', 'arch=compute_90,code=sm_90', '--fmad=false',
-         '-lineinfo', '-std=c++17', '-I.', '-Iinclude', '-Xptxas', '-v', '-cubin']
+         '-lineinfo', '-std=c++17', '-Xptxas', '-v', '-cubin']
 # Makes the generic kernel read every page as NVFP4 K and V with micro-blocks along head_dim,
-# none of them direct FP16: the dispatch's first branch taken, the others compiled away.
+# none of them direct FP16: the dispatch's first branch taken, the others compiled away. The
+# edited copies go to an include directory searched before the tree (every include names its
+# file from the repository root), which stays as it is.
 NVFP4_ONLY = {
     'kernels/attention/side_kind.cuh': ('  if (kind == kNvfp4DimSide) {', '  if (true) {'),
     'kernels/attention/stage_page.cuh': ('  if (kind == kFp16Side) {\n    f(Rows<4096>());\n'
@@ -82,29 +85,24 @@ def main():
     args = [a for a in sys.argv[1:] if not a.startswith('--')]
     if len(args) != 1:
         sys.exit(__doc__)
-    patched = {}
-    if '--nvfp4-only' in sys.argv:
-        for path, (old, new) in NVFP4_ONLY.items():
-            text = open(path).read()
-            if text.count(old) != 1:
-                sys.exit(f'--nvfp4-only: {path} no longer has the line it replaces')
-            patched[path] = text
     with tempfile.TemporaryDirectory() as tmp:
         src, cubin = os.path.join(tmp, 'one.cu'), os.path.join(tmp, 'one.cubin')
+        shadow = os.path.join(tmp, 'shadow')
+        if '--nvfp4-only' in sys.argv:
+            for path, (old, new) in NVFP4_ONLY.items():
+                text = open(path).read()
+                if text.count(old) != 1:
+                    sys.exit(f'--nvfp4-only: {path} no longer has the line it replaces')
+                os.makedirs(os.path.dirname(os.path.join(shadow, path)), exist_ok=True)
+                with open(os.path.join(shadow, path), 'w') as f:
+                    f.write(text.replace(old, new))
         with open(src, 'w') as f:
             f.write('#include "kernels/attention/decode_kernel.cuh"\n'
                     'namespace kvtier::gpu::attention {\n'
                     f'template __global__ void PagedDecodeKernel<{args[0]}>('
                     'const __grid_constant__ PagedDecodeParams);\n}\n')
-        try:
-            for path, text in patched.items():
-                old, new = NVFP4_ONLY[path]
-                open(path, 'w').write(text.replace(old, new))
-            ptxas = subprocess.run(['nvcc', *FLAGS, '-o', cubin, src],
-                                   capture_output=True, text=True)
-        finally:
-            for path, text in patched.items():
-                open(path, 'w').write(text)
+        ptxas = subprocess.run(['nvcc', *FLAGS, f'-I{shadow}', '-I.', '-Iinclude', '-o', cubin,
+                                src], capture_output=True, text=True)
         if ptxas.returncode != 0:
             sys.exit(ptxas.stderr)
         usage = [l.strip() for l in ptxas.stderr.splitlines() if 'Used' in l or 'spill' in l]
