@@ -62,12 +62,13 @@ struct PageRing {
   }
 
   // Starts staging the warp's page i (if any) in `slot`, as one commit group.
+  template <uint32_t kKinds>
   __device__ __forceinline__ void Stage(const PagedDecodeParams& p, int head, int i, int slot) {
     if (i < count) {
       if (i % 32 == 0 && i > 0) batch = next_batch, next_batch = LoadBatch(i / 32 + 1);
       const uint32_t entry = __shfl_sync(0xFFFFFFFFu, batch, i % 32);
       if (lane == 0) ring_entry[slot] = entry;
-      StagePage(p, entry, head, ring_shared + slot * p.stage_bytes, lane);
+      StagePage<kKinds>(p, entry, head, ring_shared + slot * p.stage_bytes, lane);
     }
     CommitCopies();  // an empty group keeps the count of pending groups uniform
   }
@@ -90,14 +91,15 @@ __device__ __forceinline__ PageRing RingOf(const PagedDecodeParams& p, uint8_t* 
 }
 
 // The warp's page i, landed in `slot`: its plan and where the stages read it. Clears the V of
-// tokens past the sequence's end in a staged last page.
+// tokens past the sequence's end in a staged last page. kKinds as StagePage.
+template <uint32_t kKinds>
 __device__ __forceinline__ StagedPage OpenPage(const PagedDecodeParams& p, const PageRing& r,
                                                const DecodeBlock& k, int i, int slot) {
   StagedPage pg;
   const uint32_t entry = r.ring_entry[slot];
   const uint32_t format = entry >> kPackedFormatShift;
   pg.plan = &p.plans[format];
-  pg.kinds = pg.plan->kinds;
+  pg.kinds = kKinds == kAnyKinds ? pg.plan->kinds : kKinds;
   pg.page = r.ring + static_cast<uint32_t>(slot * p.stage_bytes);  // no sign extension
   pg.v_side = pg.page + pg.plan->v_at;
   pg.valid =
@@ -208,8 +210,9 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
 // depth of each warp's ring (kShallowStages or kDeepStages, stage_page.cuh). kPageLse: with
 // page weights (p.page_lse set), how each page's LSE per head is stored there (page_weight.cuh).
 // Without them (kNone) the page sums are never used and compile away: the kernel does no extra
-// work. kUniformV: every format of the palette has one V scale per page (OnlineSoftmax).
-template <int kTiles, int kStages, PageLse kPageLse, bool kUniformV>
+// work. kUniformV: every format of the palette has one V scale per page (OnlineSoftmax). kKinds:
+// the side kinds every format of the palette has (kNvfp4Kinds), or kAnyKinds.
+template <int kTiles, int kStages, PageLse kPageLse, bool kUniformV, uint32_t kKinds>
 __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
   constexpr bool kPageWeights = kPageLse != PageLse::kNone;
@@ -222,8 +225,20 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
   const DecodeBlock k = BlockOf(p);
   PageRing ring = RingOf<kStages>(p, smem, k);
   WaitForPriorKernels();
-  uint32_t qb[kTiles][8][2];
-  LoadQuery<kTiles>(p, k, smem, qb);
+  // The first pages' copies start before warp 0 reads the queries, so that the two latencies
+  // overlap (LoadQuery ends with a barrier); with rotated queries, whose rotation uses the
+  // ring's memory, after it.
+  const auto stage_first = [&] {
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) ring.Stage<kKinds>(p, k.kv_head, i, i);
+  };
+  if (!p.rotate_queries) stage_first();
+  QueryFragments<kTiles, kKinds == kNvfp4Kinds> query;
+  if constexpr (kKinds == kNvfp4Kinds) {
+    query.base = reinterpret_cast<uint4*>(smem + RingBytes(kStages, p.stage_bytes)) + k.lane;
+  }
+  LoadQuery(p, k, smem, query);
+  if (p.rotate_queries) stage_first();
   float m_run[2 * kTiles], l_run[2 * kTiles];
   float unit = 1.f, inv_unit = 1.f;
   float o[kTiles][8][4];
@@ -231,15 +246,13 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
 
   PageLseStore<kTiles> page_lse{};
   if constexpr (kPageWeights) page_lse = PageLseStoreOf<kTiles>(p, k, ring.first);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) ring.Stage(p, k.kv_head, i, i);
   for (int i = 0, slot = 0; i < ring.count; ++i, slot = slot == kStages - 1 ? 0 : slot + 1) {
-    ring.Stage(p, k.kv_head, i + kStages - 1, slot == 0 ? kStages - 1 : slot - 1);
+    ring.Stage<kKinds>(p, k.kv_head, i + kStages - 1, slot == 0 ? kStages - 1 : slot - 1);
     WaitCopies<kStages - 1>();  // page i has landed (this lane's copies)
     __syncwarp();               // ... and every lane's
-    const StagedPage pg = OpenPage(p, ring, k, i, slot);
+    const StagedPage pg = OpenPage<kKinds>(p, ring, k, i, slot);
     float s[kTiles][4];
-    ComputeLogits<kTiles>(pg, k.g, k.c, qb, s);
+    ComputeLogits<kTiles>(pg, k.g, k.c, query, s);
     uint32_t pb[kTiles][2], pair_sums[kTiles];
     OnlineSoftmax<kTiles, kUniformV>(p, pg, k.g, s, m_run, l_run, unit, inv_unit, o, pb,
                                      pair_sums);

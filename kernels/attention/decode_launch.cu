@@ -95,22 +95,32 @@ bool PlanStaging(PagedDecodeParams& k) {
 
 using Kernel = void (*)(PagedDecodeParams);
 
-// Every instance of the kernel, instance i = ((wide * 2 + deep) * 3 + PageLse) * 2 + uniform V
-// scales (KernelIndex): kTiles 1 or 2 (wide), the shallow or deep ring, the page LSE store, and
-// kUniformV.
+// Every instance of the kernel, instance i = (((nvfp4 * 2 + wide) * 2 + deep) * 3 + PageLse) * 2
+// + uniform V scales (KernelIndex): the kinds (kNvfp4Kinds or kAnyKinds), kTiles 1 or 2 (wide),
+// the shallow or deep ring, the page LSE store, and kUniformV.
 template <size_t i>
 constexpr Kernel kInstance =
-    PagedDecodeKernel<static_cast<int>(i / 12) + 1, (i / 6) % 2 == 1 ? kDeepStages : kShallowStages,
-                      static_cast<PageLse>(i / 2 % 3), i % 2 == 1>;
+    PagedDecodeKernel<static_cast<int>(i / 12 % 2) + 1,
+                      (i / 6) % 2 == 1 ? kDeepStages : kShallowStages,
+                      static_cast<PageLse>(i / 2 % 3), i % 2 == 1,
+                      i / 24 == 1 ? attention::kNvfp4Kinds : attention::kAnyKinds>;
 template <size_t... i>
 constexpr std::array<Kernel, sizeof...(i)> Instances(std::index_sequence<i...>) {
   return {kInstance<i>...};
 }
-constexpr std::array<Kernel, 24> kKernels = Instances(std::make_index_sequence<24>());
+constexpr std::array<Kernel, 48> kKernels = Instances(std::make_index_sequence<48>());
 
-constexpr size_t KernelIndex(bool wide, bool deep, PageLse store, bool uniform_v) {
-  return ((static_cast<size_t>(wide) * 2 + deep) * 3 + static_cast<size_t>(store)) * 2 +
-         uniform_v;
+constexpr size_t KernelIndex(bool nvfp4, bool wide, bool deep, PageLse store, bool uniform_v) {
+  return (((static_cast<size_t>(nvfp4) * 2 + wide) * 2 + deep) * 3 + static_cast<size_t>(store)) *
+             2 + uniform_v;
+}
+
+// Whether every format of k's palette has NVFP4 K and V with micro-blocks along head_dim.
+bool AllNvfp4(const PagedDecodeParams& k) {
+  for (int f = 0; f < k.num_formats; ++f) {
+    if (k.plans[f].kinds != attention::kNvfp4Kinds) return false;
+  }
+  return true;
 }
 
 // Shared memory a multiprocessor gives its blocks (H100, H200: 228 KB), less the 1 KB the
@@ -122,11 +132,12 @@ constexpr size_t kSharedReservedPerBlock = 1024;
 // The most dynamic shared memory a launch asks for (FP16 K and V, the largest staged page, in
 // the shallow ring), the kernels' opt-in limit.
 constexpr size_t kMostSmem =
-    kWarps * kShallowStages * (2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4 + 4);
+    attention::RingBytes(kShallowStages, 2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4);
 
 // The kernel for k's GQA group (keeping page weights or not) and its dynamic shared memory: the
-// staging rings, or the block's merge of its warps' states if larger. The deep ring when it
-// fits beside as many blocks as the registers allow (small pages: NVFP4), else the shallow one.
+// staging rings (and the Q^T fragments of an all-NVFP4 palette's kernel, QueryFragments), or the
+// block's merge of its warps' states if larger. The deep ring when it fits beside as many
+// blocks as the registers allow (small pages: NVFP4), else the shallow one.
 struct KernelLaunch {
   Kernel kernel;
   int smem;
@@ -135,8 +146,10 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const bool wide = k.num_q_heads / k.num_kv_heads > 8;
   const size_t group_rows = wide ? 16 : 8;
   const size_t blocks_by_registers = wide ? 2 : 4;
+  const bool nvfp4 = AllNvfp4(k);
   const auto ring = [&](int stages) {
-    return static_cast<size_t>(kWarps) * stages * (k.stage_bytes + 4);
+    return static_cast<size_t>(attention::RingBytes(stages, k.stage_bytes)) +
+           (nvfp4 ? (wide ? 2 : 1) * attention::kQueryBytesPerTile : 0);
   };
   const size_t deep_ring = ring(kDeepStages);
   const bool deep = deep_ring <= kMostSmem &&
@@ -145,7 +158,7 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const PageLse store = k.page_weight == nullptr ? PageLse::kNone
                         : PageLsesKeptInL2(k)    ? PageLse::kKeptInL2
                                                  : PageLse::kStored;
-  return {kKernels[KernelIndex(wide, deep, store, ValueScalesUniform(k))],
+  return {kKernels[KernelIndex(nvfp4, wide, deep, store, ValueScalesUniform(k))],
           static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge))};
 }
 

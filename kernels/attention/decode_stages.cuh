@@ -83,13 +83,41 @@ struct StagedPage {
   uint32_t direct_v;
 };
 
-// Q^T fragments (the B operand of S^T = K Q^T) in the canonical K order: k-step j pairs with
-// K pairs 2j and 2j + 1, which hold dims 32c + 8m + q (+4), m = j / 2, q = 2 (j % 2) (+1).
-// With p.rotate_queries the group's rows are rotated first, into `smem` (the block's shared
-// memory, free again on return). Every thread of the block calls it.
+// Bytes of shared memory that a block's staging ring of `stages` pages of `stage_bytes` each
+// takes, with each slot's table entry (PageRing), rounded up to 16: the Q^T fragments follow.
+__host__ __device__ constexpr int RingBytes(int stages, int stage_bytes) {
+  return (kWarps * stages * (stage_bytes + 4) + 15) / 16 * 16;
+}
+// Bytes of the Q^T fragments of one tile of 8 query heads (LoadQuery).
+constexpr int kQueryBytesPerTile = 4 * 32 * 16;
+
+// This lane's Q^T fragments (LoadQuery), those of k-steps 2m and 2m + 1 of tile t as At(t, m).
+// kShared: in shared memory (kTiles x kQueryBytesPerTile bytes at `base` - lane, lane l's at
+// [(4t + m) * 32 + l]), written by warp 0 and read at every page, one 16-byte load a quarter:
+// in registers they pushed the NVFP4 page loop to the kernel's 128-register limit, where ptxas
+// recomputed lane indices and addresses at each page (docs/benchmarks.md, session 19). Else in
+// registers, which the other formats' page loops run faster with.
+template <int kTiles, bool kShared>
+struct QueryFragments {
+  uint4 f[kTiles][4];
+  __device__ __forceinline__ uint4 At(int t, int m) const { return f[t][m]; }
+  __device__ __forceinline__ void Set(int t, int m, uint4 v) { f[t][m] = v; }
+};
 template <int kTiles>
+struct QueryFragments<kTiles, true> {
+  uint4* base;
+  __device__ __forceinline__ uint4 At(int t, int m) const { return base[(4 * t + m) * 32]; }
+  __device__ __forceinline__ void Set(int t, int m, uint4 v) { base[(4 * t + m) * 32] = v; }
+};
+
+// Q^T fragments (the B operand of S^T = K Q^T) in the canonical K order: k-step j pairs with
+// K pairs 2j and 2j + 1, which hold dims 32c + 8m + q (+4), m = j / 2, q = 2 (j % 2) (+1), into
+// q (in shared memory: by warp 0, for every warp). With p.rotate_queries the group's rows are
+// rotated first, into `smem` (the block's shared memory before the fragments, the staging
+// ring's: REQUIRES no copy into it in flight). Every thread of the block calls it.
+template <int kTiles, bool kShared>
 __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const DecodeBlock& k,
-                                          uint8_t* smem, uint32_t (&qb)[kTiles][8][2]) {
+                                          uint8_t* smem, QueryFragments<kTiles, kShared>& q) {
   constexpr int kD = kDecodeHeadDim;
   const float* q0 = p.q + (static_cast<int64_t>(k.b) * p.num_q_heads + k.kv_head * k.group) * kD;
   if (p.rotate_queries) {
@@ -101,25 +129,32 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const Deco
     }
     q0 = rows;
   }
+  if (!kShared || k.warp == 0) {
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-    const int row = k.g + 8 * t;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int d = 32 * k.c + 8 * (j / 2) + 2 * (j % 2);
+    for (int t = 0; t < kTiles; ++t) {
+      const int row = k.g + 8 * t;
       const float* qr = q0 + row * kD;
-      qb[t][j][0] = row < k.group ? PackHalf2(qr[d], qr[d + 4]) : 0u;
-      qb[t][j][1] = row < k.group ? PackHalf2(qr[d + 1], qr[d + 5]) : 0u;
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        uint32_t f[4];  // k-steps 2m and 2m + 1: dims d, d + 4 and d + 1, d + 5 each
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int d = 32 * k.c + 8 * m + 2 * h;
+          f[2 * h] = row < k.group ? PackHalf2(qr[d], qr[d + 4]) : 0u;
+          f[2 * h + 1] = row < k.group ? PackHalf2(qr[d + 1], qr[d + 5]) : 0u;
+        }
+        q.Set(t, m, make_uint4(f[0], f[1], f[2], f[3]));
+      }
     }
   }
-  if (p.rotate_queries) __syncthreads();  // the staging ring reuses the rows' memory
+  // Every warp reads shared fragments; the staging ring reuses the rotated rows' memory.
+  if (kShared || p.rotate_queries) __syncthreads();
 }
 
 // QK of one side kind: quarter m of K's rows (pairs 4m..4m+3) feeds k-steps 2m (into s) and
-// 2m + 1 (into odd), decoded just before its products.
-template <uint32_t kKind, int kTiles>
-__device__ __forceinline__ void KeyProducts(const RawKeys<kKind>& raw,
-                                            const uint32_t (&qb)[kTiles][8][2],
+// 2m + 1 (into odd), decoded just before its products. Q: QueryFragments.
+template <uint32_t kKind, int kTiles, class Q>
+__device__ __forceinline__ void KeyProducts(const RawKeys<kKind>& raw, const Q& q,
                                             float (&s)[kTiles][4], float (&odd)[kTiles][4]) {
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
@@ -130,17 +165,17 @@ __device__ __forceinline__ void KeyProducts(const RawKeys<kKind>& raw,
     const uint32_t a_odd[4] = {k0[2], k1[2], k0[3], k1[3]};
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
-      Mma(s[t], a_even, qb[t][2 * m][0], qb[t][2 * m][1]);
-      Mma(odd[t], a_odd, qb[t][2 * m + 1][0], qb[t][2 * m + 1][1]);
+      const uint4 f = q.At(t, m);
+      Mma(s[t], a_even, f.x, f.y);
+      Mma(odd[t], a_odd, f.z, f.w);
     }
   }
 }
 
 // QK: S^T = K Q^T, the logits of tokens g (s[t][0..1]) and g + 8 (s[t][2..3]) for heads
-// 8t + 2c, +1, as two chains of four k-steps. K's FP32 scales are left out.
-template <int kTiles>
-__device__ __forceinline__ void ComputeLogits(const StagedPage& pg, int g, int c,
-                                              const uint32_t (&qb)[kTiles][8][2],
+// 8t + 2c, +1, as two chains of four k-steps; q as KeyProducts. K's FP32 scales are left out.
+template <int kTiles, class Q>
+__device__ __forceinline__ void ComputeLogits(const StagedPage& pg, int g, int c, const Q& q,
                                               float (&s)[kTiles][4]) {
   float odd[kTiles][4];
 #pragma unroll
@@ -149,11 +184,11 @@ __device__ __forceinline__ void ComputeLogits(const StagedPage& pg, int g, int c
     for (int e = 0; e < 4; ++e) s[t][e] = odd[t][e] = 0.f;
   }
   if (pg.direct) {
-    KeyProducts<kFp16Side, kTiles>(LoadKeys<kFp16Side>(pg.direct_k, g, c), qb, s, odd);
+    KeyProducts<kFp16Side, kTiles>(LoadKeys<kFp16Side>(pg.direct_k, g, c), q, s, odd);
   } else {
     DispatchSide(pg.kinds & 7, [&](auto kind) {
       constexpr uint32_t kKind = decltype(kind)::value;
-      KeyProducts<kKind, kTiles>(LoadKeys<kKind>(pg.page, g, c), qb, s, odd);
+      KeyProducts<kKind, kTiles>(LoadKeys<kKind>(pg.page, g, c), q, s, odd);
     });
   }
 #pragma unroll

@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32, 4)
   WaitForPriorKernels();  // the partial states and the page LSEs (LaunchDependent)
   TriggerDependents();
   if (i < m.rows) {
-    attention::MergeRow<attention::kMergeThreads>(m, i);
+    attention::MergeRow<attention::kMergeThreads, false>(m, i);
   } else {
     WeighEntries<kMergeWarps, true, kKeptInL2, kQuads>(p, w % x_blocks, w / x_blocks, entries);
   }

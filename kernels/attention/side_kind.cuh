@@ -15,6 +15,11 @@ enum SideKind : uint32_t { kFp16Side, kE4M3Side, kE5M2Side, kNvfp4DimSide, kNvfp
 // instead of staged (in a mixed palette, so that the staged pages of the smaller formats set the
 // shared memory per block, and with it the occupancy).
 constexpr uint32_t kDirectFp16 = 1u << 8;
+// FormatPlan::kinds of every format of a palette, as a kernel's template argument: kAnyKinds when
+// the formats differ (each page's kinds are read from its plan), or the one pair of side kinds
+// (K | V << 3) of a palette whose formats all share it, so that the dispatch compiles away.
+constexpr uint32_t kAnyKinds = ~0u;
+constexpr uint32_t kNvfp4Kinds = kNvfp4DimSide | kNvfp4DimSide << 3;
 
 // Bytes of one token row of a side of `kind` (NVFP4 micro-scales, 128 bytes, follow the rows).
 __host__ __device__ constexpr uint32_t RowBytes(uint32_t kind) {

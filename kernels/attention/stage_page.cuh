@@ -59,14 +59,18 @@ __device__ __forceinline__ void StageSide(uint32_t dst, const uint8_t* rows, con
 // slot t holding token t's scale: a per-token scale in each slot, a per-block one in every slot,
 // and 0 where the side has none in the page (ScaleLogits adds FormatPlan::scale_add); with 0, 1
 // or 16 scales per head, slot & (count - 1) is the slot's scale. One straight run of copies per
-// pair of side kinds, so that ptxas pads one block of cp.async, not one per side.
+// pair of side kinds, so that ptxas pads one block of cp.async, not one per side. kKinds: the
+// palette's kinds when every format has the same (kAnyKinds: the plan's).
+template <uint32_t kKinds>
 __device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t entry, int head,
                                           uint32_t dst, int lane) {
   const uint32_t format = entry >> kPackedFormatShift;
   const PagedDecodeParams::FormatPlan& plan = p.plans[format];
   const uint8_t* page = p.pools[format].base + static_cast<uint64_t>(entry & kPackedPageMask) *
                                                    p.pools[format].layout.page_bytes;
-  const uint32_t kinds = plan.kinds, h = head, l = lane;
+  asm("" : "+l"(page));  // one base for every copy's address: ptxas would fold each offset into
+                         // its own wide multiply-add (docs/attention.md)
+  const uint32_t kinds = kKinds == kAnyKinds ? plan.kinds : kKinds, h = head, l = lane;
   const uint32_t side = l / 16, slot = l % 16, count = plan.scale_count[side];
   const uint8_t* scale = page + (plan.scale_src[side] + 4 * (h * count + (slot & (count - 1))));
   const auto stage_scale = [&] { Copy4(dst + p.scales_at + 4 * l, scale, count > 0 ? 4 : 0); };
