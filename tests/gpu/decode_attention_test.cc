@@ -321,7 +321,7 @@ std::string ComparePageWeights(CachePair& pair, const std::vector<SequenceId>& s
 TEST(DecodeAttentionTest, RotatedKeys) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(17);
-  for (int palette : {1, 2}) {
+  for (int palette : {1, 2, 3}) {  // 3: all NVFP4, the kernels with Q^T in shared memory
     SCOPED_TRACE(absl::StrJoin(Palettes()[palette], " "));
     Options o = MakeOptions(Palettes()[palette], 512);
     o.key_rotation = KeyRotation::kHadamard;
@@ -529,15 +529,15 @@ std::unique_ptr<Cache> OneSequence(Options o, BackendKind backend, int64_t token
   return cache;
 }
 
-// Mixed-format palettes (with NVFP4, and without: page LSEs kept in L2), GQA groups (rows of
-// page LSEs padded to even, PageLseRow: groups 4, 7 (a row of 8 with its padding) 8 and 16 load
-// a page's LSEs of 4 heads at once, 1 (a row of 2) and 6 one by one, 6 in a partial second
-// load), ragged lengths (short, long enough to split), both layers max-accumulated into one
-// buffer, with and without NaN query heads.
+// Mixed-format palettes (with NVFP4, and without: page LSEs kept in L2) and an all-NVFP4 one (its
+// own kernels), GQA groups (rows of page LSEs padded to even, PageLseRow: groups 4, 7 (a row of 8
+// with its padding) 8 and 16 load a page's LSEs of 4 heads at once, 1 (a row of 2) and 6 one by
+// one, 6 in a partial second load), ragged lengths (short, long enough to split), both layers
+// max-accumulated into one buffer, with and without NaN query heads.
 TEST(DecodeAttentionTest, PageWeightsMatchTheReference) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(31);
-  for (const auto& palette : {Palettes()[0], Palettes()[1], Fp16AndFp8Palette()}) {
+  for (const auto& palette : {Palettes()[0], Palettes()[1], Palettes()[3], Fp16AndFp8Palette()}) {
     SCOPED_TRACE(absl::StrJoin(palette, " "));
     auto pair = CachePair::Create(PaletteOptions(Geometry{2, 8, 128, 16}, palette, 512)).value();
     const std::vector<SequenceId> seqs =
