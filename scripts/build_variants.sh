@@ -4,9 +4,9 @@
 # a_head_<commit>.gz, the first in alphabetical order: scripts/gpu_ab.sh's reference), for
 # timing in turns on the GPU machine. VARIANTS: a folder under the ignored variants/ (Default:
 # variants), so that each device call carries only its own builds within the 64 MiB:
-#   VARIANTS=variants/decode scripts/build_variants.sh docs/results/untimed-s18/q4_query_shared.diff
-#   run(command="ROUNDS=3 bash scripts/gpu_ab.sh variants/decode 'nvfp4_block_head 64 32768'",
-#       carry=["bundle/lib", "variants/decode"])
+#   VARIANTS=variants/mig scripts/build_variants.sh docs/results/untimed-s19/m5_e4m3_5_blocks.diff
+#   run(command="ROUNDS=3 bash scripts/gpu_ab.sh variants/mig data-plane",
+#       carry=["bundle/lib", "variants/mig"])
 # Uses build-gpu/ (scripts/gpu_bundle.sh configures it) and leaves the working tree as it found
 # it, also when a build fails or the script is stopped; refuses to start on a tree with
 # uncommitted changes to tracked files, which the patches would mix with.

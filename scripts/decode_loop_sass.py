@@ -7,12 +7,14 @@ instructions of its page loop (the shortest backward branch whose body holds one
 tensor-core products: 16 HMMA a tile of 8 query heads, one more with page weights) and its hot
 path: the loop less its rare regions, the bodies of forward branches that hold the rescale (the
 new unit's reciprocal, MUFU.RCP), the next batch of table entries (an LDG) or the clearing of a
-last page (a CALL). With a kernel whose side kinds are known at compile time (a kKinds
-argument, or `--nvfp4-only`, which makes every page of the generic kernel an NVFP4 one) that is
-the NVFP4 page's path. It is an estimate, for comparing variants: main's generic kernel executed
-527 distinct instructions once a page in session 15's profile (538 with page weights), where
-`--nvfp4-only` on main estimates 541 (549) (docs/results/untimed-s18/README.md).
-  scripts/decode_loop_sass.py '1, 5, PageLse::kNone, true' [--nvfp4-only] [--opcodes]
+last page (a CALL). With the all-NVFP4 palettes' kernel (kKinds = kNvfp4Kinds), or with
+`--nvfp4-only`, which makes every page of the generic kernel (kAnyKinds) an NVFP4 one, that is
+the NVFP4 page's path. It is an estimate, for comparing variants: session 15's generic kernel
+executed 527 distinct instructions once a page in its profile (538 with page weights), where
+`--nvfp4-only` estimates 541 (549) for it (docs/results/untimed-s18/README.md); main's
+all-NVFP4 kernel since session 19 estimates 487 (499).
+  scripts/decode_loop_sass.py '1, 5, PageLse::kNone, true, kNvfp4Kinds' [--opcodes]
+  scripts/decode_loop_sass.py '1, 5, PageLse::kNone, true, kAnyKinds' --nvfp4-only
 Run from the repository root, on the working tree as it is (apply a variant's patch first);
 it writes nothing there.
 """
