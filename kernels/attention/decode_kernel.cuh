@@ -233,8 +233,9 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     for (int i = 0; i < kStages - 1; ++i) ring.Stage<kKinds>(p, k.kv_head, i, i);
   };
   if (!p.rotate_queries) stage_first();
-  QueryFragments<kTiles, kKinds == kNvfp4Kinds> query;
-  if constexpr (kKinds == kNvfp4Kinds) {
+  constexpr bool kSharedQuery = QueryInSharedMemory(kKinds);
+  QueryFragments<kTiles, kSharedQuery> query;
+  if constexpr (kSharedQuery) {
     query.base = reinterpret_cast<uint4*>(smem + RingBytes(kStages, p.stage_bytes)) + k.lane;
   }
   LoadQuery(p, k, smem, query);

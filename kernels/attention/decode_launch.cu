@@ -115,12 +115,13 @@ constexpr size_t KernelIndex(bool nvfp4, bool wide, bool deep, PageLse store, bo
              2 + uniform_v;
 }
 
-// Whether every format of k's palette has NVFP4 K and V with micro-blocks along head_dim.
-bool AllNvfp4(const PagedDecodeParams& k) {
+// The kKinds of the kernel for k's palette: kNvfp4Kinds when every format has NVFP4 K and V with
+// micro-blocks along head_dim, else kAnyKinds.
+uint32_t PaletteKinds(const PagedDecodeParams& k) {
   for (int f = 0; f < k.num_formats; ++f) {
-    if (k.plans[f].kinds != attention::kNvfp4Kinds) return false;
+    if (k.plans[f].kinds != attention::kNvfp4Kinds) return attention::kAnyKinds;
   }
-  return true;
+  return attention::kNvfp4Kinds;
 }
 
 // Shared memory a multiprocessor gives its blocks (H100, H200: 228 KB), less the 1 KB the
@@ -146,10 +147,11 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const bool wide = k.num_q_heads / k.num_kv_heads > 8;
   const size_t group_rows = wide ? 16 : 8;
   const size_t blocks_by_registers = wide ? 2 : 4;
-  const bool nvfp4 = AllNvfp4(k);
+  const uint32_t kinds = PaletteKinds(k);
   const auto ring = [&](int stages) {
     return static_cast<size_t>(attention::RingBytes(stages, k.stage_bytes)) +
-           (nvfp4 ? (wide ? 2 : 1) * attention::kQueryBytesPerTile : 0);
+           (attention::QueryInSharedMemory(kinds) ? (wide ? 2 : 1) * attention::kQueryBytesPerTile
+                                                  : 0);
   };
   const size_t deep_ring = ring(kDeepStages);
   const bool deep = deep_ring <= kMostSmem &&
@@ -158,6 +160,7 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const PageLse store = k.page_weight == nullptr ? PageLse::kNone
                         : PageLsesKeptInL2(k)    ? PageLse::kKeptInL2
                                                  : PageLse::kStored;
+  const bool nvfp4 = kinds == attention::kNvfp4Kinds;
   return {kKernels[KernelIndex(nvfp4, wide, deep, store, ValueScalesUniform(k))],
           static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge))};
 }

@@ -97,6 +97,13 @@ constexpr int kQueryBytesPerTile = 4 * 32 * 16;
 // in registers they pushed the NVFP4 page loop to the kernel's 128-register limit, where ptxas
 // recomputed lane indices and addresses at each page (docs/benchmarks.md, session 19). Else in
 // registers, which the other formats' page loops run faster with.
+// Whether the kernel for palettes of side kinds `kinds` (kAnyKinds, or the one pair of side kinds
+// of its palette's formats) keeps its Q^T fragments in shared memory (QueryFragments): the
+// all-NVFP4 palettes' kernel. The launch adds their bytes to the block's shared memory.
+__host__ __device__ constexpr bool QueryInSharedMemory(uint32_t kinds) {
+  return kinds == kNvfp4Kinds;
+}
+
 template <int kTiles, bool kShared>
 struct QueryFragments {
   uint4 f[kTiles][4];
