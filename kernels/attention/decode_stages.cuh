@@ -91,12 +91,6 @@ __host__ __device__ constexpr int RingBytes(int stages, int stage_bytes) {
 // Bytes of the Q^T fragments of one tile of 8 query heads (LoadQuery).
 constexpr int kQueryBytesPerTile = 4 * 32 * 16;
 
-// This lane's Q^T fragments (LoadQuery), those of k-steps 2m and 2m + 1 of tile t as At(t, m).
-// kShared: in shared memory (kTiles x kQueryBytesPerTile bytes at `base` - lane, lane l's at
-// [(4t + m) * 32 + l]), written by warp 0 and read at every page, one 16-byte load a quarter:
-// in registers they pushed the NVFP4 page loop to the kernel's 128-register limit, where ptxas
-// recomputed lane indices and addresses at each page (docs/benchmarks.md, session 19). Else in
-// registers, which the other formats' page loops run faster with.
 // Whether the kernel for palettes of side kinds `kinds` (kAnyKinds, or the one pair of side kinds
 // of its palette's formats) keeps its Q^T fragments in shared memory (QueryFragments): the
 // all-NVFP4 palettes' kernel. The launch adds their bytes to the block's shared memory.
@@ -104,6 +98,12 @@ __host__ __device__ constexpr bool QueryInSharedMemory(uint32_t kinds) {
   return kinds == kNvfp4Kinds;
 }
 
+// This lane's Q^T fragments (LoadQuery), those of k-steps 2m and 2m + 1 of tile t as At(t, m).
+// kShared: in shared memory (kTiles x kQueryBytesPerTile bytes at `base` - lane, lane l's at
+// [(4t + m) * 32 + l]), written by warp 0 and read at every page, one 16-byte load a quarter:
+// in registers they pushed the NVFP4 page loop to the kernel's 128-register limit, where ptxas
+// recomputed lane indices and addresses at each page (docs/benchmarks.md, session 19). Else in
+// registers, which the other formats' page loops run faster with.
 template <int kTiles, bool kShared>
 struct QueryFragments {
   uint4 f[kTiles][4];
