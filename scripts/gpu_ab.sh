@@ -92,9 +92,12 @@ for shape, by in shapes.items():
 # Each variant row (page weights, rotation) over its plain row, per build: the cost that issue 14
 # bounds, from the medians above (a build's variant and plain rows split alike).
 suffixes = ('_rotated_page_weight', '_page_weight_zeroed', '_page_weight', '_rotated')
+modes = ('_back_to_back', '_graph')  # how the calls were timed, after the variant suffix
 def plain_of(shape):  # the shape without its longest variant suffix, if that shape was timed
-    s = next((s for s in suffixes if shape.endswith(s)), None)
-    return shape[:-len(s)] if s and shape[:-len(s)] in shapes else None
+    mode = next((m for m in modes if shape.endswith(m)), '')
+    core = shape[:len(shape) - len(mode)]
+    s = next((s for s in suffixes if core.endswith(s)), None)
+    return core[:-len(s)] + mode if s and core[:-len(s)] + mode in shapes else None
 costs = [(shape, plain_of(shape)) for shape in shapes if plain_of(shape)]
 if costs:
     print(f"\n{'variant over its plain row':58s}" + ''.join(f'{b:>22s}' for b in builds))

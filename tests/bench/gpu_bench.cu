@@ -757,7 +757,8 @@ int Main(int argc, char** argv) {
   }
   // At batch 64 x 32K and batch 1 x 128K, each case also as a cache with rotated keys and with
   // page weights would run it, next to the plain row; at batch 1, where a call's launch latency
-  // is a part of its time, also back to back and from a CUDA graph.
+  // is a part of its time, also back to back and from a CUDA graph (at 128K, with page weights
+  // back to back too).
   const std::vector<DecodeVariant> all_variants = {kPlain,
                                                    {"_page_weight", false, true},
                                                    {"_page_weight_zeroed", false, true, 1, true},
@@ -770,6 +771,9 @@ int Main(int argc, char** argv) {
         variants = all_variants;
       }
       if (batch == 1) variants.insert(variants.end(), {kBackToBack, kGraph});
+      if (batch == 1 && context == 131072) {
+        variants.push_back({"_page_weight_back_to_back", false, true, kBackToBack.back_to_back});
+      }
       for (const DecodeCase& dc : cases) {
         if (only && argv[3] != std::string(dc.name)) continue;
         if (!Decode(stream, prop.multiProcessorCount, dc, batch, context, size_t{48} << 30,
