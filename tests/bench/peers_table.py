@@ -6,7 +6,9 @@ JSON of the same run (its % of the read roof measured in that run, and its split
   python3 tests/bench/peers_table.py OUT/decode_bench_py.json OUT/bench.json
 
 Prints a Markdown table, one row per (batch, context) that decode_bench.py ran, and a line per
-row that only kvtier ran. Speedups are cuDNN's time over kvtier's.
+row that only kvtier ran. Speedups are cuDNN's time over kvtier's: the kernel alone (C++ bench, a
+process of its own), and the library's call through a PreparedDecode from Python
+(`kvtier_py_prepared_*` of decode_bench.py: launches only, in the process that timed cuDNN).
 """
 import json
 import re
@@ -47,6 +49,8 @@ def main(argv):
     head = (["batch", "context", "cuDNN SDPA FP16 µs (TB/s)"] + [p[1] for p in PEERS] +
             [f"kvtier {n} µs (% roof)" for n in ("FP16", "FP8", "NVFP4", "balanced mix")] +
             ["kvtier speedup over cuDNN FP16: FP16 / FP8 / NVFP4 / mix",
+             "kvtier PreparedDecode from Python µs: FP16 / FP8 / NVFP4 / mix",
+             "its speedup over cuDNN FP16: FP16 / FP8 / NVFP4 / mix",
              "splits FP16 / FP8 / NVFP4 / mix"])
     print(f"Read roof in the same run: {bench['read_roof_tb_per_s']:.2f} TB/s ({bench['gpu']}, "
           f"{bench['date']}).\n")
@@ -63,6 +67,10 @@ def main(argv):
         cells += [f"{k[0]:.0f} ({k[1]:.0f}%)" if k else "-" for k in ours]
         cells.append(" / ".join(f"{cudnn['median_ms'] * 1e3 / k[0]:.2f}" if k and cudnn else "-"
                                 for k in ours))
+        prepared = [methods.get(f"kvtier_py_prepared_{fmt}") for fmt in FORMATS]
+        cells.append(" / ".join(f"{p['median_ms'] * 1e3:.0f}" if p else "-" for p in prepared))
+        cells.append(" / ".join(f"{cudnn['median_ms'] / p['median_ms']:.2f}" if p and cudnn else "-"
+                                for p in prepared))
         cells.append(" / ".join(str(k[2]) if k else "-" for k in ours))
         print("| " + " | ".join(cells) + " |")
         done.add((batch, ctx))
