@@ -149,17 +149,18 @@ absl::StatusOr<AddResult> CacheImpl::AddSequence(const SequenceOptions& options)
   return AddResult{id, matched * s, onloaded * s, remote * s, ready_fence};
 }
 
-absl::StatusOr<int64_t> CacheImpl::PlanAppend(absl::Span<const SequenceId> batch,
-                                              absl::Span<const int64_t> num_tokens) {
+absl::StatusOr<CacheImpl::AppendPlan> CacheImpl::PlanAppend(
+    absl::Span<const SequenceId> batch, absl::Span<const int64_t> num_tokens) {
   const int64_t s = options_.geometry.block_tokens;
-  int64_t pages = 0;
+  AppendPlan plan;
   batch_sequences_.clear();
-  batch_planned_.clear();
+  batch_number_ += 1;
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence* seq = sequences_.Find(batch[i]);
     if (seq == nullptr) return UnknownSequence(batch[i]);
     batch_sequences_.push_back(seq);
-    int64_t& before = batch_planned_[seq];
+    if (seq->planned_by != batch_number_) seq->planned_by = batch_number_, seq->planned = 0;
+    int64_t& before = seq->planned;
     const int64_t length = seq->num_tokens + before;
     if (num_tokens[i] > kMaxSequenceTokens - length) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -169,12 +170,15 @@ absl::StatusOr<int64_t> CacheImpl::PlanAppend(absl::Span<const SequenceId> batch
     // Room left in its tail page after the tokens planned before.
     const int64_t room = TailRoom(*seq) >= before ? TailRoom(*seq) - before
                                                   : (s - (before - TailRoom(*seq)) % s) % s;
-    if (num_tokens[i] > room) pages += (num_tokens[i] - room + s - 1) / s;
+    if (num_tokens[i] > room) plan.pages += (num_tokens[i] - room + s - 1) / s;
     // A shared partial tail is copied before the write.
-    if (before == 0 && TailRoom(*seq) > 0 && pool_[seq->blocks.back()].ref_count > 1) pages += 1;
+    if (before == 0 && TailRoom(*seq) > 0 && pool_[seq->blocks.back()].ref_count > 1) {
+      plan.pages += 1;
+      plan.shared_tails += 1;
+    }
     before += num_tokens[i];
   }
-  return pages;
+  return plan;
 }
 
 void CacheImpl::AppendTokensLocked(Sequence& seq, int64_t n, absl::Span<const int32_t> tokens,
@@ -226,16 +230,17 @@ absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
   }
   MutexLock lock(&mu_);
   // Plan: count the pages the whole batch needs, so that it fails before changing anything.
-  KVTIER_ASSIGN_OR_RETURN(const int64_t pages, PlanAppend(batch, num_tokens));
-  if (pages > 0) {
-    KVTIER_RETURN_IF_ERROR(
-        pool_.EnsureFreePages(0, static_cast<uint32_t>(std::min<int64_t>(pages, UINT32_MAX))));
+  KVTIER_ASSIGN_OR_RETURN(const AppendPlan plan, PlanAppend(batch, num_tokens));
+  if (plan.pages > 0) {
+    KVTIER_RETURN_IF_ERROR(pool_.EnsureFreePages(
+        0, static_cast<uint32_t>(std::min<int64_t>(plan.pages, UINT32_MAX))));
   }
   // Shared tails are copied before any token is appended: a failed copy leaves every sequence
   // with its tokens (a copy already made changes no sequence's content).
-  for (Sequence* seq : batch_sequences_) {
-    if (TailRoom(*seq) > 0 && pool_[seq->blocks.back()].ref_count > 1) {
-      KVTIER_RETURN_IF_ERROR(CopyTail(*seq));
+  for (size_t i = 0; plan.shared_tails > 0 && i < batch_sequences_.size(); ++i) {
+    Sequence& seq = *batch_sequences_[i];
+    if (TailRoom(seq) > 0 && pool_[seq.blocks.back()].ref_count > 1) {
+      KVTIER_RETURN_IF_ERROR(CopyTail(seq));
     }
   }
   size_t next_token = 0;

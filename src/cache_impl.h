@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "kvtier/cache.h"
 #include "src/backend.h"
 #include "src/block_events.h"
@@ -105,10 +104,16 @@ class CacheImpl final : public Cache {
   void DropRef(uint32_t block, const Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tokens the last block of `seq` can still take (0 when it is full or there is none).
   int64_t TailRoom(const Sequence& seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Pages of the hot format that appending `num_tokens[i]` to each `batch` sequence needs;
-  // finds the sequences into batch_sequences_. NotFound for an unknown sequence.
-  absl::StatusOr<int64_t> PlanAppend(absl::Span<const SequenceId> batch,
-                                     absl::Span<const int64_t> num_tokens)
+  // What appending `num_tokens[i]` to each `batch` sequence needs: pages of the hot format, of
+  // which `shared_tails` are copies of partial tails that other sequences share.
+  struct AppendPlan {
+    int64_t pages = 0;
+    int64_t shared_tails = 0;
+  };
+  // Plans an AppendBatch and finds its sequences into batch_sequences_. NotFound for an unknown
+  // sequence.
+  absl::StatusOr<AppendPlan> PlanAppend(absl::Span<const SequenceId> batch,
+                                        absl::Span<const int64_t> num_tokens)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends `n` tokens (ids from `tokens` at `*next_token` when hashing) to `seq`.
   void AppendTokensLocked(Sequence& seq, int64_t n, absl::Span<const int32_t> tokens,
@@ -181,9 +186,8 @@ class CacheImpl final : public Cache {
   SequenceTable sequences_ ABSL_GUARDED_BY(mu_);
   // AppendBatch's sequences, found once (capacity kept across calls: no steady-state allocation).
   std::vector<Sequence*> batch_sequences_ ABSL_GUARDED_BY(mu_);
-  // PlanAppend's tokens planned so far per sequence (a sequence named twice appends after
-  // itself); a member so that a step's batch allocates nothing once warm.
-  absl::flat_hash_map<const Sequence*, int64_t> batch_planned_ ABSL_GUARDED_BY(mu_);
+  // PlanAppend's number for its batch (Sequence::planned_by); 0 is no batch's.
+  uint64_t batch_number_ ABSL_GUARDED_BY(mu_) = 0;
 
   // The policy in force, resolved to palette indices (cache_policy.cc).
   struct ActivePolicy {

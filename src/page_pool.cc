@@ -7,7 +7,12 @@
 namespace kvtier {
 
 PagePool::PagePool(uint32_t page_bytes, size_t slab_bytes, uint32_t num_slots)
-    : page_bytes_(page_bytes), slab_bytes_(slab_bytes), slots_(num_slots) {
+    : page_bytes_(page_bytes),
+      slab_bytes_(slab_bytes),
+      slab_shift_(slab_bytes != 0 && (slab_bytes & (slab_bytes - 1)) == 0
+                      ? __builtin_ctzll(slab_bytes)
+                      : 0),
+      slots_(num_slots) {
   slot_begin_.resize(num_slots);
   slot_end_.resize(num_slots);
   uint32_t max_pages = 0;
@@ -27,7 +32,8 @@ PagePool::PagePool(uint32_t page_bytes, size_t slab_bytes, uint32_t num_slots)
 }
 
 uint32_t PagePool::SlotOfPage(uint32_t page) const {
-  return static_cast<uint32_t>(static_cast<size_t>(page) * page_bytes_ / slab_bytes_);
+  const size_t byte = static_cast<size_t>(page) * page_bytes_;
+  return static_cast<uint32_t>(slab_shift_ != 0 ? byte >> slab_shift_ : byte / slab_bytes_);
 }
 
 uint32_t PagePool::UnmappedSlot() const { return unmapped_.empty() ? kNone : unmapped_.back(); }
@@ -57,6 +63,29 @@ void PagePool::RemoveSlot(uint32_t slot) {
   mapped_slots_ -= 1;
   mapped_pages_ -= PagesInSlot(slot);
   free_pages_ -= PagesInSlot(slot);
+}
+
+inline void PagePool::Link(uint32_t slot) {
+  const uint32_t b = FreeCount(slot);
+  Slot& s = slots_[slot];
+  s.prev = kNone;
+  s.next = buckets_[b];
+  if (s.next != kNone) slots_[s.next].prev = slot;
+  buckets_[b] = slot;
+  nonempty_[b / 64] |= uint64_t{1} << (b % 64);
+}
+
+inline void PagePool::Unlink(uint32_t slot) {
+  const uint32_t b = FreeCount(slot);
+  Slot& s = slots_[slot];
+  if (s.prev != kNone) {
+    slots_[s.prev].next = s.next;
+  } else {
+    buckets_[b] = s.next;
+    if (s.next == kNone) nonempty_[b / 64] &= ~(uint64_t{1} << (b % 64));
+  }
+  if (s.next != kNone) slots_[s.next].prev = s.prev;
+  s.prev = s.next = kNone;
 }
 
 uint32_t PagePool::Allocate(uint32_t owner) {
@@ -130,29 +159,6 @@ void PagePool::Retire(uint32_t page) {
   s.pending += 1;
   pending_pages_ += 1;
   reclaimable_slots_ += Reclaimable(s);
-}
-
-void PagePool::Link(uint32_t slot) {
-  const uint32_t b = FreeCount(slot);
-  Slot& s = slots_[slot];
-  s.prev = kNone;
-  s.next = buckets_[b];
-  if (s.next != kNone) slots_[s.next].prev = slot;
-  buckets_[b] = slot;
-  nonempty_[b / 64] |= uint64_t{1} << (b % 64);
-}
-
-void PagePool::Unlink(uint32_t slot) {
-  const uint32_t b = FreeCount(slot);
-  Slot& s = slots_[slot];
-  if (s.prev != kNone) {
-    slots_[s.prev].next = s.next;
-  } else {
-    buckets_[b] = s.next;
-    if (s.next == kNone) nonempty_[b / 64] &= ~(uint64_t{1} << (b % 64));
-  }
-  if (s.next != kNone) slots_[s.next].prev = s.prev;
-  s.prev = s.next = kNone;
 }
 
 void PagePool::PushEmpty(uint32_t slot) {

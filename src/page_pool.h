@@ -103,6 +103,7 @@ class PagePool {
   uint32_t page_bytes_;
   uint32_t min_pages_per_slot_ = kNone;
   size_t slab_bytes_;
+  int slab_shift_;  // log2(slab_bytes_) when a power of two (SlotOfPage shifts), else 0
   std::vector<uint32_t> slot_begin_;       // [slots] first page inside the slot
   std::vector<uint32_t> slot_end_;         // [slots] one past its last page
   std::vector<Slot> slots_;

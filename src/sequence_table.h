@@ -31,6 +31,10 @@ struct Sequence {
   // the sequence is listed for the next step's policy pass.
   std::array<int64_t, 8> tier_cursor{};
   bool dirty = false;
+  // AppendBatch's plan: the tokens that batch number `planned_by` has planned for this
+  // sequence so far (a sequence named twice in a batch appends after itself).
+  uint64_t planned_by = 0;
+  int64_t planned = 0;
 };
 
 // NotFound naming `id`: the error of every call given an unknown or released sequence.

@@ -24,6 +24,22 @@ TEST(PagePoolTest, PagesNeverStraddleSlabs) {
   EXPECT_EQ(pool.MinPagesPerSlot(), 111u);  // slots 1 and 2 lose a straddling page
 }
 
+// Every page maps to the slot that holds it, for slabs of a power of two (SlotOfPage shifts)
+// and of other multiples of 2 MiB (it divides).
+TEST(PagePoolTest, EveryPageKnowsItsSlot) {
+  for (const size_t slab : {kSlab, 3 * kSlab, 4 * kSlab}) {
+    for (const uint32_t page_bytes : {18688u, 65536u}) {
+      PagePool pool(page_bytes, slab, 5);
+      for (uint32_t s = 0; s < 5; ++s) {
+        for (uint32_t p = pool.FirstPage(s); p < pool.FirstPage(s) + pool.PagesInSlot(s); ++p) {
+          ASSERT_EQ(pool.SlotOfPage(p), s) << "slab " << slab << ", page " << p << " of "
+                                           << page_bytes << " bytes";
+        }
+      }
+    }
+  }
+}
+
 TEST(PagePoolTest, AllocatesFromTheFullestSlab) {
   PagePool pool(kSlab / 4, kSlab, 3);  // 4 pages per slab
   pool.AddSlot(pool.UnmappedSlot());
