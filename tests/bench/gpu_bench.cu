@@ -742,6 +742,10 @@ int Main(int argc, char** argv) {
       {"balanced_mix",
        {"fp16", "fp8_e4m3/block_head", "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
        BalancedFormat},
+      // A young cache under the mix's palette: every page still FP16.
+      {"fp16_in_mix_palette",
+       {"fp16", "fp8_e4m3/block_head", "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
+       [](int64_t, int64_t) { return 0; }},
   };
   std::vector<int> batches = {1, 8, 64, 256};
   std::vector<int64_t> contexts = {1024, 8192, 32768, 131072};
