@@ -96,6 +96,35 @@ void BM_AppendStep1024(benchmark::State& state) {
 }
 BENCHMARK(BM_AppendStep1024)->Unit(benchmark::kMicrosecond);
 
+// The page tables of one decode step: 256 sequences of 32K tokens (2048 blocks each; one layer,
+// one small head, so that only the tables' size matters), grown together a block at a time as
+// in decoding, so that a sequence's blocks lie apart in the block table.
+void BM_BuildPageTables256x32K(benchmark::State& state) {
+  constexpr int kSequences = 256;
+  constexpr int64_t kTokens = 32768;
+  Options o;
+  o.geometry = Geometry{1, 1, 16, 16};
+  o.memory_budget_bytes = size_t{1} << 30;
+  auto cache = std::move(*Cache::Create(o));
+  std::vector<SequenceId> seqs;
+  for (int i = 0; i < kSequences; ++i) seqs.push_back(*cache->AddSequence());
+  const std::vector<int64_t> block(kSequences, 16);
+  std::vector<int64_t> slots;
+  for (int64_t t = 0; t < kTokens; t += 16) {
+    slots.clear();
+    if (!cache->AppendBatch(seqs, block, {}, &slots).ok()) {
+      state.SkipWithError("append failed");
+      return;
+    }
+  }
+  PageTables tables;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(cache->BuildPageTables(seqs, &tables));
+  }
+  state.SetItemsProcessed(state.iterations() * kSequences * (kTokens / 16));
+}
+BENCHMARK(BM_BuildPageTables256x32K)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace kvtier
 
