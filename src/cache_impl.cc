@@ -159,7 +159,10 @@ absl::StatusOr<CacheImpl::AppendPlan> CacheImpl::PlanAppend(
     Sequence* seq = sequences_.Find(batch[i]);
     if (seq == nullptr) return UnknownSequence(batch[i]);
     batch_sequences_.push_back(seq);
-    if (seq->planned_by != batch_number_) seq->planned_by = batch_number_, seq->planned = 0;
+    if (seq->planned_by != batch_number_) {  // the sequence's first count in this batch
+      seq->planned_by = batch_number_;
+      seq->planned = 0;
+    }
     int64_t& before = seq->planned;
     const int64_t length = seq->num_tokens + before;
     if (num_tokens[i] > kMaxSequenceTokens - length) {
@@ -237,10 +240,11 @@ absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
   }
   // Shared tails are copied before any token is appended: a failed copy leaves every sequence
   // with its tokens (a copy already made changes no sequence's content).
-  for (size_t i = 0; plan.shared_tails > 0 && i < batch_sequences_.size(); ++i) {
-    Sequence& seq = *batch_sequences_[i];
-    if (TailRoom(seq) > 0 && pool_[seq.blocks.back()].ref_count > 1) {
-      KVTIER_RETURN_IF_ERROR(CopyTail(seq));
+  if (plan.shared_tails > 0) {
+    for (Sequence* seq : batch_sequences_) {
+      if (TailRoom(*seq) > 0 && pool_[seq->blocks.back()].ref_count > 1) {
+        KVTIER_RETURN_IF_ERROR(CopyTail(*seq));
+      }
     }
   }
   size_t next_token = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/numeric/bits.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvtier {
@@ -9,9 +10,7 @@ namespace kvtier {
 PagePool::PagePool(uint32_t page_bytes, size_t slab_bytes, uint32_t num_slots)
     : page_bytes_(page_bytes),
       slab_bytes_(slab_bytes),
-      slab_shift_(slab_bytes != 0 && (slab_bytes & (slab_bytes - 1)) == 0
-                      ? __builtin_ctzll(slab_bytes)
-                      : 0),
+      slab_shift_(absl::has_single_bit(slab_bytes) ? absl::countr_zero(slab_bytes) : 0),
       slots_(num_slots) {
   slot_begin_.resize(num_slots);
   slot_end_.resize(num_slots);
