@@ -72,6 +72,7 @@ inline void PagePool::Link(uint32_t slot) {
   if (s.next != kNone) slots_[s.next].prev = slot;
   buckets_[b] = slot;
   nonempty_[b / 64] |= uint64_t{1} << (b % 64);
+  linked_slots_ += 1;
 }
 
 inline void PagePool::Unlink(uint32_t slot) {
@@ -85,33 +86,50 @@ inline void PagePool::Unlink(uint32_t slot) {
   }
   if (s.next != kNone) slots_[s.next].prev = s.prev;
   s.prev = s.next = kNone;
+  linked_slots_ -= 1;
+}
+
+uint32_t PagePool::FewestFreeBucket() const {
+  if (linked_slots_ == 0) return kNone;  // the common case: one partly used slot, current_
+  for (size_t w = 0; w < nonempty_.size(); ++w) {
+    if (nonempty_[w] != 0) return static_cast<uint32_t>(w * 64 + __builtin_ctzll(nonempty_[w]));
+  }
+  return kNone;
+}
+
+void PagePool::Settle() {
+  if (current_ == kNone) return;
+  Link(current_);
+  current_ = kNone;
 }
 
 uint32_t PagePool::Allocate(uint32_t owner) {
-  uint32_t slot = kNone;
-  for (size_t w = 0; w < nonempty_.size() && slot == kNone; ++w) {
-    if (nonempty_[w] != 0) slot = buckets_[w * 64 + __builtin_ctzll(nonempty_[w])];
+  if (current_ == kNone) {
+    const uint32_t bucket = FewestFreeBucket();
+    if (bucket != kNone) {
+      current_ = buckets_[bucket];
+      Unlink(current_);
+    } else {
+      current_ = empty_.back();
+      PopEmpty(current_);
+    }
   }
-  if (slot == kNone) {
-    slot = empty_.back();
-    PopEmpty(slot);
-  } else {
-    Unlink(slot);
-  }
-  Slot& s = slots_[slot];
+  Slot& s = slots_[current_];
   reclaimable_slots_ -= Reclaimable(s);
   const uint32_t page = s.free_head;
   s.free_head = next_free_[page];
   s.used += 1;
-  if (s.used < PagesInSlot(slot)) Link(slot);
+  if (s.used == PagesInSlot(current_)) current_ = kNone;  // full: in no bucket
   free_pages_ -= 1;
   owner_[page] = owner;
   return page;
 }
 
 uint32_t PagePool::AllocateOutside(uint32_t owner, uint32_t slot) {
+  Settle();
   Unlink(slot);  // its free count is unchanged below, so it links back to the same bucket
   const uint32_t page = Allocate(owner);
+  Settle();  // the slot Allocate took from may hold more free pages than `slot`
   Link(slot);
   return page;
 }
@@ -120,7 +138,7 @@ uint32_t PagePool::EmptiestSlot() const {
   for (size_t w = nonempty_.size(); w-- > 0;) {
     if (nonempty_[w] != 0) return buckets_[w * 64 + 63 - __builtin_clzll(nonempty_[w])];
   }
-  return kNone;
+  return current_;  // the fullest partly used slot is the emptiest only when it is the only one
 }
 
 uint32_t PagePool::ScatteredFreePages() const {
@@ -132,7 +150,7 @@ uint32_t PagePool::ScatteredFreePages() const {
 void PagePool::Free(uint32_t page) {
   const uint32_t slot = SlotOfPage(page);
   Slot& s = slots_[slot];
-  if (s.used < PagesInSlot(slot)) Unlink(slot);
+  if (slot != current_ && s.used < PagesInSlot(slot)) Unlink(slot);
   reclaimable_slots_ -= Reclaimable(s);
   if (owner_[page] == kPending) {
     s.pending -= 1;
@@ -145,9 +163,13 @@ void PagePool::Free(uint32_t page) {
   owner_[page] = kNone;
   free_pages_ += 1;
   if (s.used == 0) {
+    if (slot == current_) current_ = kNone;
     PushEmpty(slot);
+  } else if (slot == current_) {
+    if (FewestFreeBucket() < FreeCount(slot)) Settle();  // no longer the fullest
   } else {
     Link(slot);
+    if (current_ != kNone && FreeCount(slot) < FreeCount(current_)) Settle();
   }
 }
 
@@ -175,6 +197,7 @@ void PagePool::PopEmpty(uint32_t slot) {
 
 absl::Status PagePool::CheckConsistency() const {
   uint32_t free_total = 0, mapped_pages = 0, mapped_slots = 0, pending_total = 0, reclaimable = 0;
+  uint32_t bucketed = 0;
   for (uint32_t slot = 0; slot < num_slots(); ++slot) {
     const Slot& s = slots_[slot];
     uint32_t free_here = 0;
@@ -214,7 +237,8 @@ absl::Status PagePool::CheckConsistency() const {
     if (empty != (s.empty_index != kNone)) {
       return absl::InternalError(absl::StrCat("slot ", slot, ": empty-list membership is wrong"));
     }
-    if (!empty && !full) {
+    if (!empty && !full && slot != current_) {
+      bucketed += 1;
       bool linked = false;
       for (uint32_t b = buckets_[FreeCount(slot)]; b != kNone; b = slots_[b].next) linked |= b == slot;
       if (!linked) {
@@ -222,8 +246,19 @@ absl::Status PagePool::CheckConsistency() const {
       }
     }
   }
+  if (current_ != kNone) {
+    if (!slots_[current_].mapped || slots_[current_].used == 0 || FreeCount(current_) == 0 ||
+        FreeCount(current_) > FewestFreeBucket()) {
+      return absl::InternalError(absl::StrCat("slot ", current_, " is allocated from but is not ",
+                                              "the fullest partly used slot"));
+    }
+    for (uint32_t b = buckets_[FreeCount(current_)]; b != kNone; b = slots_[b].next) {
+      if (b == current_) return absl::InternalError("the slot allocated from is also in a bucket");
+    }
+  }
   if (free_total != free_pages_ || mapped_pages != mapped_pages_ || mapped_slots != mapped_slots_ ||
-      pending_total != pending_pages_ || reclaimable != reclaimable_slots_) {
+      pending_total != pending_pages_ || reclaimable != reclaimable_slots_ ||
+      bucketed != linked_slots_) {
     return absl::InternalError("pool totals disagree with its slots");
   }
   return absl::OkStatus();

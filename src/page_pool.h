@@ -94,9 +94,14 @@ class PagePool {
 
   uint32_t FreeCount(uint32_t slot) const { return PagesInSlot(slot) - slots_[slot].used; }
   static bool Reclaimable(const Slot& s) { return s.used > 0 && s.pending == s.used; }
-  // Partially used slots live in buckets_[free count]; empty and full slots in none.
+  // Partially used slots live in buckets_[free count], but for current_; empty and full slots in
+  // none.
   void Link(uint32_t slot);
   void Unlink(uint32_t slot);
+  // The smallest free count of a bucketed slot, or kNone.
+  uint32_t FewestFreeBucket() const;
+  // Links current_ back into its bucket; no slot is allocated from until the next Allocate.
+  void Settle();
   void PushEmpty(uint32_t slot);
   void PopEmpty(uint32_t slot);
 
@@ -113,6 +118,11 @@ class PagePool {
   std::vector<uint64_t> nonempty_;         // bit per bucket
   std::vector<uint32_t> empty_;            // mapped slots with no used page
   std::vector<uint32_t> unmapped_;         // stack of unmapped slots
+  // The slot Allocate takes from while it stays the fullest: kept out of the buckets, so that
+  // allocations and frees within it move no bucket. kNone, or a partly used slot whose free
+  // count is at most every bucketed slot's.
+  uint32_t current_ = kNone;
+  uint32_t linked_slots_ = 0;  // slots in buckets
   uint32_t free_pages_ = 0;
   uint32_t pending_pages_ = 0;
   uint32_t reclaimable_slots_ = 0;

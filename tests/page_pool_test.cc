@@ -1,5 +1,7 @@
 #include "src/page_pool.h"
 
+#include <algorithm>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -124,6 +126,80 @@ TEST(PagePoolTest, CountsSlotsThatReclamationWouldEmpty) {
   EXPECT_EQ(pool.reclaimable_slots(), 0u);
   EXPECT_EQ(pool.empty_slots(), 1u);
   EXPECT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
+}
+
+// Free pages of a mapped slot, counted from the owners alone.
+uint32_t FreeIn(const PagePool& pool, uint32_t slot) {
+  uint32_t n = 0;
+  for (uint32_t p = pool.FirstPage(slot); p < pool.FirstPage(slot) + pool.PagesInSlot(slot); ++p) {
+    n += pool.Owner(p) == PagePool::kNone;
+  }
+  return n;
+}
+
+// Random allocations, frees, retirements, compaction moves and slab changes: every allocation
+// comes from a fullest partly used slab (an empty one only when there is none), the emptiest
+// slab is one with the most free pages, and the pool stays consistent throughout.
+TEST(PagePoolTest, RandomOperationsKeepFullestFirst) {
+  constexpr uint32_t kSlots = 6;
+  PagePool pool(kSlab / 8, kSlab, kSlots);  // 8 pages per slab
+  std::mt19937 rng(7);
+  std::vector<uint32_t> used;
+  auto partly_used = [&](uint32_t slot) {
+    return pool.IsMapped(slot) && FreeIn(pool, slot) > 0 && FreeIn(pool, slot) < 8;
+  };
+  auto expect_fullest = [&](uint32_t page, uint32_t outside) {
+    uint32_t fewest = 9;
+    for (uint32_t s = 0; s < kSlots; ++s) {
+      if (s != outside && partly_used(s)) fewest = std::min(fewest, FreeIn(pool, s));
+    }
+    const uint32_t slot = pool.SlotOfPage(page);
+    EXPECT_EQ(FreeIn(pool, slot), fewest == 9 ? 8u : fewest) << "slot " << slot;
+    EXPECT_NE(slot, outside);
+  };
+  for (int step = 0; step < 20000; ++step) {
+    const int op = static_cast<int>(rng() % 8);
+    if (op < 3) {  // allocate, mapping a slab when none is free
+      if (pool.free_pages() == 0) {
+        if (pool.UnmappedSlot() == PagePool::kNone) continue;
+        pool.AddSlot(pool.UnmappedSlot());
+      }
+      const uint32_t page = pool.Allocate(1);
+      pool.SetOwnerForTest(page, PagePool::kNone);  // judge the choice on the counts before it
+      expect_fullest(page, PagePool::kNone);
+      pool.SetOwnerForTest(page, 1);
+      used.push_back(page);
+    } else if (op < 6 && !used.empty()) {  // free, or retire first
+      const size_t i = rng() % used.size();
+      if (op == 5 && pool.Owner(used[i]) != PagePool::kPending) {
+        pool.Retire(used[i]);
+        continue;
+      }
+      pool.Free(used[i]);
+      used[i] = used.back();
+      used.pop_back();
+    } else if (op == 6) {  // a compaction move out of the emptiest slab
+      const uint32_t emptiest = pool.EmptiestSlot();
+      uint32_t most = 0;
+      for (uint32_t s = 0; s < kSlots; ++s) {
+        if (partly_used(s)) most = std::max(most, FreeIn(pool, s));
+      }
+      if (emptiest == PagePool::kNone) {
+        EXPECT_EQ(most, 0u);
+        continue;
+      }
+      EXPECT_EQ(FreeIn(pool, emptiest), most);
+      if (pool.free_pages() == most) continue;  // no free page outside it
+      const uint32_t page = pool.AllocateOutside(2, emptiest);
+      pool.SetOwnerForTest(page, PagePool::kNone);
+      expect_fullest(page, emptiest);
+      pool.SetOwnerForTest(page, 2);
+      used.push_back(page);
+    } else if (pool.EmptySlot() != PagePool::kNone) {
+      pool.RemoveSlot(pool.EmptySlot());
+    }
+    ASSERT_TRUE(pool.CheckConsistency().ok()) << "step " << step << ": " << pool.CheckConsistency();
+  }
 }
 
 TEST(PagePoolTest, CheckerFindsACorruptOwner) {
