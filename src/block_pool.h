@@ -78,6 +78,8 @@ class BlockPool {
 
   // The indexed block whose prefix hash is `hash`, or kNone.
   uint32_t Find(uint64_t hash) const { return index_.Find(hash); }
+  // PrefixIndex::Prefetch: before hashing the next block of a prompt, for the lookup after.
+  void PrefetchIndex(uint64_t hash) const { index_.Prefetch(hash); }
   // Indexes the full block `block`, whose token ids are `tokens`, under `hash`, child of the
   // block indexed under `parent_hash` (kRootParentHash for the first block); `extra_key` is
   // its sequence's (part of `hash`, kept for the events). False, with nothing changed, when

@@ -118,13 +118,18 @@ absl::StatusOr<AddResult> CacheImpl::AddSequence(const SequenceOptions& options)
   // ones back) and may cut the chain at the first offloaded block.
   std::vector<uint32_t> chain;
   std::vector<uint64_t> hashes;
+  const auto hash_of = [&](uint64_t parent, int64_t i) {
+    return i < matchable ? HashBlock(parent, options.prompt.subspan(i * s, s), seq.extra_key) : 0;
+  };
+  uint64_t hash = hash_of(seq.chain_hash, 0);
   for (int64_t i = 0; i < matchable; ++i) {
-    const uint64_t hash = HashBlock(hashes.empty() ? seq.chain_hash : hashes.back(),
-                                    options.prompt.subspan(i * s, s), seq.extra_key);
+    pool_.PrefetchIndex(hash);  // its lookup loads while the next block is hashed
+    const uint64_t next = hash_of(hash, i + 1);
     const uint32_t block = pool_.Find(hash);
     if (block == BlockPool::kNone || pool_[block].format > seq.coldest_format) break;
     chain.push_back(block);
     hashes.push_back(hash);
+    hash = next;
   }
   int64_t onloaded = 0;
   uint64_t ready_fence = 0;

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <numeric>
+#include <random>
+#include <unordered_map>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -93,6 +95,38 @@ TEST(PrefixIndexTest, InsertFindErase) {
   EXPECT_EQ(index.size(), 1u);
   EXPECT_TRUE(index.Insert(42, 9));
   EXPECT_EQ(index.Find(42), 9u);
+}
+
+// Random inserts and erases against a model, with keys whose low bits (the home slot) take few
+// values, so that probe runs are long, wrap around the table's end and are closed up by erases.
+TEST(PrefixIndexTest, AgreesWithAMapUnderClusteredKeys) {
+  for (const uint64_t home_values : {uint64_t{3}, uint64_t{64}, uint64_t{1} << 40}) {
+    PrefixIndex index;
+    std::unordered_map<uint64_t, uint32_t> model;
+    std::mt19937_64 rng(home_values);
+    std::vector<uint64_t> keys;
+    for (int i = 0; i < 600; ++i) {
+      // Low bits near the top of every power-of-two table: homes at its last slots.
+      keys.push_back((rng() << 20) | ((~uint64_t{0} - rng() % home_values) & 0xFFFFF));
+    }
+    for (int step = 0; step < 20000; ++step) {
+      const uint64_t key = keys[rng() % keys.size()];
+      if (rng() % 3 != 0) {
+        const uint32_t block = static_cast<uint32_t>(rng() % 1000);
+        ASSERT_EQ(index.Insert(key, block), model.try_emplace(key, block).second) << step;
+      } else {
+        ASSERT_EQ(index.Erase(key), model.erase(key) == 1) << step;
+      }
+      ASSERT_EQ(index.size(), model.size());
+      if (step % 97 == 0) {
+        for (const uint64_t k : keys) {
+          const auto it = model.find(k);
+          ASSERT_EQ(index.Find(k), it == model.end() ? PrefixIndex::kNone : it->second)
+              << "step " << step << ", key " << k;
+        }
+      }
+    }
+  }
 }
 
 TEST(PrefixIndexTest, MatchesAChainedPrompt) {
