@@ -63,6 +63,14 @@ absl::Status CheckPalette(const Options& o, uint64_t* densest) {
       return Invalid(field, absl::StrCat("a page of ", layout.page_bytes,
                                          " bytes does not fit a slab of ", o.slab_bytes));
     }
+    // Pages never straddle slabs, so a page over half a slab that does not divide it would leave
+    // some slabs with no whole page.
+    if (2 * layout.page_bytes > o.slab_bytes && o.slab_bytes % layout.page_bytes != 0) {
+      return Invalid(field, absl::StrCat("a page of ", layout.page_bytes, " bytes leaves some ",
+                                         "slabs of ", o.slab_bytes, " bytes without a whole page; ",
+                                         "use a slab that is a multiple of the page or at least ",
+                                         "twice its size"));
+    }
     *densest = std::max<uint64_t>(*densest, o.slab_bytes / layout.page_bytes);
   }
   if (!IsTokenWise(o.palette[0])) {

@@ -197,7 +197,7 @@ void PagePool::PopEmpty(uint32_t slot) {
 
 absl::Status PagePool::CheckConsistency() const {
   uint32_t free_total = 0, mapped_pages = 0, mapped_slots = 0, pending_total = 0, reclaimable = 0;
-  uint32_t bucketed = 0;
+  uint32_t bucketed = 0, fewest_bucketed = kNone;  // partly used slots but current_
   for (uint32_t slot = 0; slot < num_slots(); ++slot) {
     const Slot& s = slots_[slot];
     uint32_t free_here = 0;
@@ -239,27 +239,43 @@ absl::Status PagePool::CheckConsistency() const {
     }
     if (!empty && !full && slot != current_) {
       bucketed += 1;
-      bool linked = false;
-      for (uint32_t b = buckets_[FreeCount(slot)]; b != kNone; b = slots_[b].next) linked |= b == slot;
-      if (!linked) {
-        return absl::InternalError(absl::StrCat("slot ", slot, " is missing from its bucket"));
+      fewest_bucketed = std::min(fewest_bucketed, FreeCount(slot));
+    }
+  }
+  if (current_ != kNone &&
+      (current_ >= num_slots() || !slots_[current_].mapped || slots_[current_].used == 0 ||
+       FreeCount(current_) == 0 || FreeCount(current_) > fewest_bucketed)) {
+    return absl::InternalError(absl::StrCat("slot ", current_, " is allocated from but is not ",
+                                            "the fullest partly used slot"));
+  }
+  if (free_total != free_pages_ || mapped_pages != mapped_pages_ || mapped_slots != mapped_slots_ ||
+      pending_total != pending_pages_ || reclaimable != reclaimable_slots_) {
+    return absl::InternalError("pool totals disagree with its slots");
+  }
+  return CheckBuckets(bucketed);
+}
+
+absl::Status PagePool::CheckBuckets(uint32_t bucketed) const {
+  uint32_t linked = 0;
+  for (uint32_t b = 0; b < buckets_.size(); ++b) {
+    if (((nonempty_[b / 64] >> (b % 64)) & 1) != (buckets_[b] != kNone)) {
+      return absl::InternalError(absl::StrCat("bucket ", b, ": its bit disagrees with its list"));
+    }
+    for (uint32_t slot = buckets_[b], prev = kNone; slot != kNone;
+         prev = slot, slot = slots_[slot].next) {
+      if (slot >= num_slots() || slot == current_ || !slots_[slot].mapped || b == 0 ||
+          b == PagesInSlot(slot) || FreeCount(slot) != b || slots_[slot].prev != prev ||
+          ++linked > bucketed) {
+        return absl::InternalError(absl::StrCat("bucket ", b, " holds slot ", slot,
+                                                ", which does not belong there"));
       }
     }
   }
-  if (current_ != kNone) {
-    if (!slots_[current_].mapped || slots_[current_].used == 0 || FreeCount(current_) == 0 ||
-        FreeCount(current_) > FewestFreeBucket()) {
-      return absl::InternalError(absl::StrCat("slot ", current_, " is allocated from but is not ",
-                                              "the fullest partly used slot"));
-    }
-    for (uint32_t b = buckets_[FreeCount(current_)]; b != kNone; b = slots_[b].next) {
-      if (b == current_) return absl::InternalError("the slot allocated from is also in a bucket");
-    }
-  }
-  if (free_total != free_pages_ || mapped_pages != mapped_pages_ || mapped_slots != mapped_slots_ ||
-      pending_total != pending_pages_ || reclaimable != reclaimable_slots_ ||
-      bucketed != linked_slots_) {
-    return absl::InternalError("pool totals disagree with its slots");
+  // Every entry is a distinct partly used slot (a slot sits in the one bucket of its count, and
+  // a list that repeats one runs past `bucketed`): equal counts mean each is linked once.
+  if (linked != bucketed || linked != linked_slots_) {
+    return absl::InternalError(absl::StrCat(linked, " slots in buckets, ", bucketed,
+                                            " partly used, ", linked_slots_, " counted"));
   }
   return absl::OkStatus();
 }

@@ -103,6 +103,8 @@ class PagePool {
   // Links current_ back into its bucket; no slot is allocated from until the next Allocate.
   void Settle();
   void PushEmpty(uint32_t slot);
+  // CheckConsistency's part for the buckets, given the partly used slots other than current_.
+  absl::Status CheckBuckets(uint32_t bucketed) const;
   void PopEmpty(uint32_t slot);
 
   uint32_t page_bytes_;

@@ -26,10 +26,9 @@ void PrefixIndex::Rehash(size_t slots) {
 }
 
 bool PrefixIndex::Insert(uint64_t hash, uint32_t block) {
+  if (Find(hash) != kNone) return false;
   if (2 * (size_ + 1) >= slots_.size()) Rehash(absl::bit_ceil(4 * (size_ + 1)));
-  Entry& e = slots_[SlotOf(hash)];
-  if (e.block != kNone) return false;
-  e = Entry{hash, block};
+  slots_[SlotOf(hash)] = Entry{hash, block};
   size_ += 1;
   return true;
 }

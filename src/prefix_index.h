@@ -4,8 +4,8 @@
 //
 // Keys are already uniformly distributed XXH3 values, so the table takes a key's low bits as its
 // home slot: an open-addressing table with linear probing, at most half full, whose erase shifts
-// the entries behind the hole back (no tombstones), so a lookup is one or two compares in one
-// cache line.
+// the entries behind the hole back (no tombstones), so a hit is usually one compare in one cache
+// line. The table grows by doubling and never shrinks.
 //
 // Thread-compatible.
 #ifndef KVTIER_SRC_PREFIX_INDEX_H_
@@ -24,6 +24,7 @@ class PrefixIndex {
   PrefixIndex() = default;
 
   // Makes room for `n` entries, so that inserting up to `n` allocates nothing more.
+  // REQUIRES: n < 2^60.
   void Reserve(size_t n);
   size_t size() const { return size_; }
 

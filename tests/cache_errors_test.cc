@@ -39,6 +39,10 @@ TEST(OptionsErrorsTest, InvalidOptionsNameTheField) {
          o.geometry.num_kv_heads = 256;
          o.geometry.head_dim = 1024;  // a page of 8 MiB exceeds a 2 MiB slab
        }},
+      {"palette[0]", [](Options& o) {
+         o.geometry = Geometry{1, 3, 256, 512};  // pages of 1.5 MiB: some 2 MiB slabs hold none
+         o.memory_budget_bytes = 8 * o.slab_bytes;
+       }},
       {"k_tensor_amax", [](Options& o) { o.k_tensor_amax = {1.f}; }},
       {"v_tensor_amax", [](Options& o) { o.v_tensor_amax = {1.f, -2.f}; }},
       // An enum out of range (from bindings or a cast): was a null backend dereferenced.

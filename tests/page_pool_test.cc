@@ -137,48 +137,54 @@ uint32_t FreeIn(const PagePool& pool, uint32_t slot) {
   return n;
 }
 
-// Random allocations, frees, retirements, compaction moves and slab changes: every allocation
-// comes from a fullest partly used slab (an empty one only when there is none), the emptiest
-// slab is one with the most free pages, and the pool stays consistent throughout.
-TEST(PagePoolTest, RandomOperationsKeepFullestFirst) {
+// Random allocations, frees, retirements, compaction moves and slab changes, in phases that fill
+// the pool and drain it again. Every allocation comes from a fullest partly used slab (an empty
+// one only when there is none), the emptiest slab is one with the most free pages, and the pool
+// stays consistent after each step.
+void CheckRandomOperations(uint32_t page_bytes, uint32_t seed) {
   constexpr uint32_t kSlots = 6;
-  PagePool pool(kSlab / 8, kSlab, kSlots);  // 8 pages per slab
-  std::mt19937 rng(7);
+  PagePool pool(page_bytes, kSlab, kSlots);
+  std::mt19937 rng(seed);
   std::vector<uint32_t> used;
   auto partly_used = [&](uint32_t slot) {
-    return pool.IsMapped(slot) && FreeIn(pool, slot) > 0 && FreeIn(pool, slot) < 8;
+    const uint32_t free = pool.IsMapped(slot) ? FreeIn(pool, slot) : 0;
+    return free > 0 && free < pool.PagesInSlot(slot);
   };
-  auto expect_fullest = [&](uint32_t page, uint32_t outside) {
-    uint32_t fewest = 9;
+  // `page` was just allocated, outside `outside`: judge the choice on the counts before it.
+  auto expect_fullest = [&](uint32_t page, uint32_t outside, uint32_t owner) {
+    pool.SetOwnerForTest(page, PagePool::kNone);
+    uint32_t fewest = PagePool::kNone;
     for (uint32_t s = 0; s < kSlots; ++s) {
       if (s != outside && partly_used(s)) fewest = std::min(fewest, FreeIn(pool, s));
     }
     const uint32_t slot = pool.SlotOfPage(page);
-    EXPECT_EQ(FreeIn(pool, slot), fewest == 9 ? 8u : fewest) << "slot " << slot;
     EXPECT_NE(slot, outside);
+    EXPECT_EQ(FreeIn(pool, slot), fewest == PagePool::kNone ? pool.PagesInSlot(slot) : fewest)
+        << "slot " << slot;
+    pool.SetOwnerForTest(page, owner);
   };
-  for (int step = 0; step < 20000; ++step) {
-    const int op = static_cast<int>(rng() % 8);
-    if (op < 3) {  // allocate, mapping a slab when none is free
+  for (int step = 0; step < 6000; ++step) {
+    const bool filling = (step / 300) % 2 == 0;
+    const int r = static_cast<int>(rng() % 16);
+    if (r < (filling ? 10 : 3)) {  // allocate, mapping a slab when none is free
       if (pool.free_pages() == 0) {
         if (pool.UnmappedSlot() == PagePool::kNone) continue;
         pool.AddSlot(pool.UnmappedSlot());
       }
       const uint32_t page = pool.Allocate(1);
-      pool.SetOwnerForTest(page, PagePool::kNone);  // judge the choice on the counts before it
-      expect_fullest(page, PagePool::kNone);
-      pool.SetOwnerForTest(page, 1);
+      expect_fullest(page, PagePool::kNone, 1);
       used.push_back(page);
-    } else if (op < 6 && !used.empty()) {  // free, or retire first
+    } else if (r < 13) {  // free, or retire first
+      if (used.empty()) continue;
       const size_t i = rng() % used.size();
-      if (op == 5 && pool.Owner(used[i]) != PagePool::kPending) {
+      if (rng() % 4 == 0 && pool.Owner(used[i]) != PagePool::kPending) {
         pool.Retire(used[i]);
-        continue;
+      } else {
+        pool.Free(used[i]);
+        used[i] = used.back();
+        used.pop_back();
       }
-      pool.Free(used[i]);
-      used[i] = used.back();
-      used.pop_back();
-    } else if (op == 6) {  // a compaction move out of the emptiest slab
+    } else if (r == 13) {  // a compaction move out of the emptiest slab
       const uint32_t emptiest = pool.EmptiestSlot();
       uint32_t most = 0;
       for (uint32_t s = 0; s < kSlots; ++s) {
@@ -191,15 +197,43 @@ TEST(PagePoolTest, RandomOperationsKeepFullestFirst) {
       EXPECT_EQ(FreeIn(pool, emptiest), most);
       if (pool.free_pages() == most) continue;  // no free page outside it
       const uint32_t page = pool.AllocateOutside(2, emptiest);
-      pool.SetOwnerForTest(page, PagePool::kNone);
-      expect_fullest(page, emptiest);
-      pool.SetOwnerForTest(page, 2);
+      expect_fullest(page, emptiest, 2);
       used.push_back(page);
+    } else if (r == 14) {
+      if (pool.UnmappedSlot() != PagePool::kNone) pool.AddSlot(pool.UnmappedSlot());
     } else if (pool.EmptySlot() != PagePool::kNone) {
       pool.RemoveSlot(pool.EmptySlot());
     }
     ASSERT_TRUE(pool.CheckConsistency().ok()) << "step " << step << ": " << pool.CheckConsistency();
   }
+}
+
+TEST(PagePoolTest, RandomOperationsKeepFullestFirst) {
+  // 8 pages a slab; 3 and 2 in turns; one; 112 and 111.
+  for (const uint32_t page_bytes : {uint32_t{kSlab / 8}, 600000u, uint32_t{kSlab}, 18688u}) {
+    for (const uint32_t seed : {1u, 2u, 3u}) {
+      SCOPED_TRACE(testing::Message() << page_bytes << "-byte pages, seed " << seed);
+      CheckRandomOperations(page_bytes, seed);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Compaction moving pages out of the only partly used slab, the one being allocated from: they
+// land in an empty slab, and the next allocation returns to the fuller first slab.
+TEST(PagePoolTest, AllocatesOutsideTheSlabItAllocatesFrom) {
+  PagePool pool(kSlab / 4, kSlab, 2);  // 4 pages per slab
+  pool.AddSlot(pool.UnmappedSlot());
+  pool.AddSlot(pool.UnmappedSlot());
+  const uint32_t slot = pool.SlotOfPage(pool.Allocate(1));
+  pool.Allocate(2);
+  EXPECT_EQ(pool.EmptiestSlot(), slot);
+  const uint32_t moved = pool.AllocateOutside(3, slot);
+  EXPECT_NE(pool.SlotOfPage(moved), slot);
+  ASSERT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
+  EXPECT_EQ(pool.SlotOfPage(pool.Allocate(4)), slot);  // 2 free there, 3 in the other
+  EXPECT_EQ(pool.EmptiestSlot(), pool.SlotOfPage(moved));
+  EXPECT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
 }
 
 TEST(PagePoolTest, CheckerFindsACorruptOwner) {

@@ -57,7 +57,8 @@ struct Options {
   size_t memory_budget_bytes = size_t{256} << 20;
 
   // The unit of memory that moves between pools, per layer. REQUIRES: a multiple of 2 MiB (the
-  // CUDA mapping granularity) and at least one page of every palette format. Default: 2 MiB.
+  // CUDA mapping granularity) and, for every palette format, at least two pages or a multiple of
+  // the page. Default: 2 MiB.
   size_t slab_bytes = size_t{2} << 20;
 
   // Formats blocks may take, hottest first. palette[0] is the hot format: the partially filled
