@@ -30,9 +30,8 @@ Options RandomOptions(std::mt19937& rng) {
   o.geometry.block_tokens = rarely() ? pick(1, 1024) : 16 * pick(1, 4);
   o.slab_bytes = (size_t{2} << 20) * pick(1, 3);
   o.palette = {*ParseFormat(pick(0, 1) == 0 ? "fp16" : "fp8_e4m3/tensor")};
-  for (int f = pick(0, 2); f > 0; --f) {
-    o.palette.push_back(*ParseFormat(kColdFormats[pick(0, static_cast<int>(std::size(kColdFormats)) - 1)]));
-  }
+  const int last = static_cast<int>(std::size(kColdFormats)) - 1;
+  for (int f = pick(0, 2); f > 0; --f) o.palette.push_back(*ParseFormat(kColdFormats[pick(0, last)]));
   o.memory_budget_bytes = o.slab_bytes * o.geometry.num_layers * pick(1, 6);
   return o;
 }
@@ -96,11 +95,11 @@ TEST(OptionsSpaceTest, EveryOptionSetIsRefusedOrWorks) {
   for (int i = 0; i < 300; ++i) {
     const Options o = RandomOptions(rng);
     const Geometry& g = o.geometry;
-    SCOPED_TRACE(testing::Message() << "option set " << i << ": " << g.num_layers << " layers, "
-                                    << g.num_kv_heads << " heads of " << g.head_dim << ", blocks of "
-                                    << g.block_tokens << ", slabs of " << o.slab_bytes << ", "
-                                    << o.palette.size() << " formats, last "
-                                    << FormatName(o.palette.back()));
+    SCOPED_TRACE(testing::Message()
+                 << "option set " << i << ": " << g.num_layers << " layers, " << g.num_kv_heads
+                 << " heads of " << g.head_dim << ", blocks of " << g.block_tokens
+                 << ", slabs of " << o.slab_bytes << ", " << o.palette.size() << " formats, last "
+                 << FormatName(o.palette.back()));
     absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
     if (!cache.ok()) {
       ASSERT_TRUE(absl::IsInvalidArgument(cache.status())) << cache.status();
