@@ -31,7 +31,9 @@ Options RandomOptions(std::mt19937& rng) {
   o.slab_bytes = (size_t{2} << 20) * pick(1, 3);
   o.palette = {*ParseFormat(pick(0, 1) == 0 ? "fp16" : "fp8_e4m3/tensor")};
   const int last = static_cast<int>(std::size(kColdFormats)) - 1;
-  for (int f = pick(0, 2); f > 0; --f) o.palette.push_back(*ParseFormat(kColdFormats[pick(0, last)]));
+  for (int f = pick(0, 2); f > 0; --f) {
+    o.palette.push_back(*ParseFormat(kColdFormats[pick(0, last)]));
+  }
   o.memory_budget_bytes = o.slab_bytes * o.geometry.num_layers * pick(1, 6);
   return o;
 }
