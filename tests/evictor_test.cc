@@ -1,33 +1,13 @@
 #include "src/evictor.h"
 
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <iterator>
 #include <list>
-#include <new>
 #include <random>
 #include <vector>
 
-#include "absl/base/attributes.h"
 #include "gtest/gtest.h"
-
-// Counts global allocations, to show that the Evictor allocates only in its constructor. The
-// replacements are not inlined, so that g++ sees no new/free mismatch at call sites.
-namespace {
-std::atomic<int64_t> g_allocations{0};
-}  // namespace
-
-ABSL_ATTRIBUTE_NOINLINE void* operator new(size_t n) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-ABSL_ATTRIBUTE_NOINLINE void* operator new[](size_t n) { return operator new(n); }
-ABSL_ATTRIBUTE_NOINLINE void operator delete(void* p) noexcept { std::free(p); }
-ABSL_ATTRIBUTE_NOINLINE void operator delete[](void* p) noexcept { std::free(p); }
-ABSL_ATTRIBUTE_NOINLINE void operator delete(void* p, size_t) noexcept { std::free(p); }
-ABSL_ATTRIBUTE_NOINLINE void operator delete[](void* p, size_t) noexcept { std::free(p); }
+#include "tests/allocation_counter.h"
 
 namespace kvtier {
 namespace {
@@ -275,11 +255,11 @@ TEST(EvictorTest, MatchesReferenceModel) {
 }
 
 TEST(EvictorTest, NeverAllocatesAfterConstruction) {
-  const int64_t start = g_allocations.load();
+  const int64_t start = testing::AllocationCount();
   Evictor e(1024);
-  ASSERT_GT(g_allocations.load(), start);  // the counter sees allocations
+  ASSERT_GT(testing::AllocationCount(), start);  // the counter sees allocations
   std::mt19937 rng(7);
-  const int64_t before = g_allocations.load();
+  const int64_t before = testing::AllocationCount();
   for (int i = 0; i < 20000; ++i) {
     const uint32_t b = rng() % 1024;
     if (e.Contains(b)) {
@@ -291,7 +271,7 @@ TEST(EvictorTest, NeverAllocatesAfterConstruction) {
     }
     if (i % 5 == 0) e.PopVictim(i);
   }
-  EXPECT_EQ(g_allocations.load(), before);
+  EXPECT_EQ(testing::AllocationCount(), before);
 }
 
 TEST(EvictorTest, NodeIsSixteenBytes) { EXPECT_EQ(sizeof(EvictorNode), 16u); }
