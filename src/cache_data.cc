@@ -2,6 +2,8 @@
 // attention kernels, pool views, and per-tensor scale calibration.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/codec/hadamard.h"
@@ -49,6 +51,14 @@ absl::Status CacheImpl::CheckInput(const KVInput& kv, int64_t num_tokens) const 
   if (kv.num_tokens > 0 && (kv.k == nullptr || kv.v == nullptr)) {
     const char* which = kv.k == nullptr ? (kv.v == nullptr ? "k and v" : "k") : "v";
     return absl::InvalidArgumentError(absl::StrCat("K/V input: the ", which, " data pointer is null"));
+  }
+  // The CUDA kernels load rows 16 bytes at a time; the CPU reads 2-byte elements.
+  const uintptr_t alignment = options_.backend == BackendKind::kCuda ? 16 : 2;
+  for (const auto& [name, data] : {std::pair{"k", kv.k}, std::pair{"v", kv.v}}) {
+    if (reinterpret_cast<uintptr_t>(data) % alignment != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("K/V input: the ", name, " data pointer is not ", alignment, "-byte aligned"));
+    }
   }
   return absl::OkStatus();
 }

@@ -2,11 +2,11 @@
 
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "src/echo.h"
 
 namespace kvtier {
 namespace {
@@ -33,14 +33,6 @@ const char* TypeName(const CodecSpec& c) {
   return "?";
 }
 
-// A caller's name as error messages echo it: its first 64 bytes, non-printable bytes (NUL
-// included) escaped, and the full length when it was cut.
-std::string Quoted(absl::string_view name) {
-  constexpr size_t kMaxEcho = 64;
-  if (name.size() <= kMaxEcho) return absl::StrCat("'", absl::CHexEscape(name), "'");
-  return absl::StrCat("'", absl::CHexEscape(name.substr(0, kMaxEcho)), "...' (", name.size(),
-                      " bytes)");
-}
 
 }  // namespace
 
@@ -106,7 +98,7 @@ std::string FormatName(const FormatSpec& f) {
 absl::StatusOr<CodecSpec> ParseCodec(absl::string_view name) {
   const std::vector<absl::string_view> parts = absl::StrSplit(name, '/');
   if (parts.size() > 2) {
-    return absl::InvalidArgumentError(absl::StrCat("codec ", Quoted(name), ": too many '/'"));
+    return absl::InvalidArgumentError(absl::StrCat("codec ", Echo(name), ": too many '/'"));
   }
   CodecSpec c;
   const absl::string_view type = parts[0];
@@ -125,7 +117,7 @@ absl::StatusOr<CodecSpec> ParseCodec(absl::string_view name) {
     c.axis = MicroAxis::kTokens;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "codec ", Quoted(name),
+        "codec ", Echo(name),
         ": unknown element type (fp16, bf16, fp8_e4m3, fp8_e5m2, nvfp4, nvfp4_channel)"));
   }
   if (parts.size() == 2) {
@@ -138,7 +130,7 @@ absl::StatusOr<CodecSpec> ParseCodec(absl::string_view name) {
     }
     if (!found) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "codec ", Quoted(name), ": unknown scale scope (tensor, block_head, token_head)"));
+          "codec ", Echo(name), ": unknown scale scope (tensor, block_head, token_head)"));
     }
   }
   absl::Status valid = ValidateCodec(c);
@@ -155,7 +147,7 @@ absl::StatusOr<FormatSpec> ParseFormat(absl::string_view name) {
   const std::vector<absl::string_view> sides = absl::StrSplit(name, ',');
   if (sides.size() != 2 || !absl::StartsWith(sides[1], "v:")) {
     return absl::InvalidArgumentError(
-        absl::StrCat("format ", Quoted(name), ": expected 'k:<codec>,v:<codec>'"));
+        absl::StrCat("format ", Echo(name), ": expected 'k:<codec>,v:<codec>'"));
   }
   absl::StatusOr<CodecSpec> k = ParseCodec(absl::StripPrefix(sides[0], "k:"));
   if (!k.ok()) return k.status();

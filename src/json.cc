@@ -1,8 +1,9 @@
 #include "src/json.h"
 
-#include <algorithm>
+#include <charconv>
 #include <cmath>
-#include <cstdlib>
+#include <cstdint>
+#include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -10,6 +11,19 @@
 
 namespace kvtier {
 namespace {
+
+void AppendUtf8(uint32_t code, std::string* out) {
+  if (code < 0x80) {
+    out->push_back(static_cast<char>(code));
+    return;
+  }
+  constexpr unsigned kLead[] = {0, 0xC0, 0xE0, 0xF0};  // by continuation bytes
+  const int continuation = code < 0x800 ? 1 : code < 0x10000 ? 2 : 3;
+  out->push_back(static_cast<char>(kLead[continuation] | (code >> (6 * continuation))));
+  for (int i = continuation - 1; i >= 0; --i) {
+    out->push_back(static_cast<char>(0x80 | ((code >> (6 * i)) & 0x3F)));
+  }
+}
 
 class Parser {
  public:
@@ -66,24 +80,77 @@ class Parser {
     return Number(v);
   }
 
+  // JSON's grammar only, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, read whatever the
+  // locale (strtod would also take "nan", "inf", hexadecimal, "1." and a locale's decimal comma).
   bool Number(JsonValue* v) {
-    const std::string token(text_.substr(pos_, text_.find_first_of(",]} \n\t\r", pos_) - pos_));
-    // JSON's grammar only (strtod alone would take "nan", "inf" and hexadecimal too).
-    const bool json_chars = !token.empty() && (token[0] == '-' || absl::ascii_isdigit(token[0])) &&
-                            token.find_first_not_of("0123456789+-.eE") == std::string::npos;
-    char* end = nullptr;
-    v->number = json_chars ? std::strtod(token.c_str(), &end) : 0;
-    if (!json_chars || end != token.c_str() + token.size()) return Failed("expected a value");
-    if (!std::isfinite(v->number)) return Failed("number out of range");
+    size_t end = pos_;
+    auto digits = [&] {
+      const size_t first = end;
+      while (end < text_.size() && absl::ascii_isdigit(text_[end])) ++end;
+      return end > first;
+    };
+    auto next_is = [&](absl::string_view chars) {
+      return end < text_.size() && chars.find(text_[end]) != absl::string_view::npos;
+    };
+    if (next_is("-")) ++end;
+    if (next_is("0")) {
+      ++end;
+    } else if (!digits()) {
+      return Failed("expected a value");
+    }
+    if (next_is(".") && (++end, !digits())) return Failed("expected digits after '.'");
+    if (next_is("eE")) {
+      ++end;
+      if (next_is("+-")) ++end;
+      if (!digits()) return Failed("expected an exponent");
+    }
+    if (end < text_.size() && (absl::ascii_isalnum(text_[end]) || text_[end] == '.')) {
+      return Failed("malformed number");  // "0x10", "007", "1.5.2"
+    }
+    const char* last = text_.data() + end;
+    const std::from_chars_result r = std::from_chars(text_.data() + pos_, last, v->number);
+    if (r.ec != std::errc() || r.ptr != last || !std::isfinite(v->number)) {
+      return Failed("number out of range");
+    }
     v->type = JsonValue::Type::kNumber;
-    pos_ += token.size();
+    pos_ = end;
+    return true;
+  }
+
+  // Four hexadecimal digits at pos_, as a UTF-16 code unit.
+  bool CodeUnit(uint32_t* unit) {
+    const absl::string_view hex = text_.substr(pos_, 4);
+    const char* end = hex.data() + hex.size();
+    const std::from_chars_result r = std::from_chars(hex.data(), end, *unit, 16);
+    if (hex.size() != 4 || r.ec != std::errc() || r.ptr != hex.data() + 4) {
+      return Failed("\\u needs four hexadecimal digits");
+    }
+    pos_ += 4;
+    return true;
+  }
+
+  // A \u escape (pos_ after the 'u'), a surrogate pair taken whole, appended as UTF-8.
+  bool Escape(std::string* out) {
+    uint32_t code = 0;
+    if (!CodeUnit(&code)) return false;
+    if (code >= 0xDC00 && code <= 0xDFFF) return Failed("lone low surrogate");
+    if (code >= 0xD800 && code <= 0xDBFF) {
+      uint32_t low = 0;
+      if (!Consume("\\u") || !CodeUnit(&low) || low < 0xDC00 || low > 0xDFFF) {
+        return Failed("high surrogate without its low half");
+      }
+      code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+    }
+    AppendUtf8(code, out);
     return true;
   }
 
   bool String(std::string* out) {
     ++pos_;  // opening quote
+    const size_t first = out->size();
     while (pos_ < text_.size() && text_[pos_] != '"') {
       char c = text_[pos_++];
+      if (static_cast<unsigned char>(c) < 0x20) return Failed("control character in a string");
       if (c == '\\') {
         if (pos_ >= text_.size()) break;
         const char e = text_[pos_++];
@@ -93,17 +160,9 @@ class Parser {
           case 'r': c = '\r'; break;
           case 'b': c = '\b'; break;
           case 'f': c = '\f'; break;
-          case 'u': {
-            const absl::string_view hex = text_.substr(pos_, 4);
-            if (hex.size() != 4 || !std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit)) {
-              return Failed("\\u needs four hexadecimal digits");
-            }
-            const long code = std::strtol(std::string(hex).c_str(), nullptr, 16);
-            if (code > 0xFF) return Failed("\\u escape beyond Latin-1");
-            c = static_cast<char>(code);
-            pos_ += 4;
-            break;
-          }
+          case 'u':
+            if (!Escape(out)) return false;
+            continue;
           case '"': case '\\': case '/': c = e; break;
           default: return Failed("unknown escape");
         }
@@ -111,6 +170,7 @@ class Parser {
       out->push_back(c);
     }
     if (pos_ >= text_.size()) return Failed("unterminated string");
+    if (!IsUtf8(absl::string_view(*out).substr(first))) return Failed("a string is not UTF-8");
     ++pos_;  // closing quote
     return true;
   }
@@ -169,6 +229,35 @@ const JsonValue* JsonValue::Find(absl::string_view key) const {
 }
 
 absl::StatusOr<JsonValue> ParseJson(absl::string_view text) { return Parser(text).ParseDocument(); }
+
+bool IsUtf8(absl::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const int continuation = lead < 0x80 ? 0 : lead >= 0xC2 && lead <= 0xDF ? 1
+                             : lead >= 0xE0 && lead <= 0xEF ? 2 : lead >= 0xF0 && lead <= 0xF4 ? 3
+                             : -1;
+    if (continuation < 0 || i + continuation >= text.size()) return false;
+    uint32_t code = lead & (0x7F >> continuation);
+    for (int k = 1; k <= continuation; ++k) {
+      const auto byte = static_cast<unsigned char>(text[i + k]);
+      if ((byte & 0xC0) != 0x80) return false;
+      code = (code << 6) | (byte & 0x3F);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF.
+    constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
+    if (code < kLeast[continuation] || (code >= 0xD800 && code <= 0xDFFF) || code > 0x10FFFF) {
+      return false;
+    }
+    i += continuation + 1;
+  }
+  return true;
+}
+
+std::string JsonNumber(double x) {
+  char buffer[32];
+  const std::to_chars_result r = std::to_chars(buffer, buffer + sizeof(buffer), x);
+  return std::string(buffer, r.ptr);
+}
 
 std::string JsonQuote(absl::string_view text) {
   std::string out = "\"";

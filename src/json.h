@@ -1,5 +1,7 @@
-// A small JSON reader for configuration files (policies). Numbers are finite doubles; strings
-// support the standard escapes except \u beyond Latin-1; a member name appears once per object.
+// A small JSON reader for configuration files (policies), strict to RFC 8259: numbers are finite
+// doubles of JSON's grammar (whatever the locale); strings are UTF-8 with every escape (\u
+// surrogate pairs included, as UTF-8) and no raw control character; a member name appears once
+// per object.
 //
 // Thread-safe (pure functions).
 #ifndef KVTIER_SRC_JSON_H_
@@ -31,7 +33,14 @@ struct JsonValue {
 absl::StatusOr<JsonValue> ParseJson(absl::string_view text);
 
 // `text` as a JSON string literal, quotes included, that ParseJson reads back byte for byte.
+// REQUIRES: IsUtf8(text).
 std::string JsonQuote(absl::string_view text);
+
+// True when `text` is well-formed UTF-8 (no overlong form, surrogate or code point past U+10FFFF).
+bool IsUtf8(absl::string_view text);
+
+// `x` as the shortest JSON number that reads back as the same double. REQUIRES: x is finite.
+std::string JsonNumber(double x);
 
 }  // namespace kvtier
 

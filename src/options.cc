@@ -144,6 +144,10 @@ absl::Status CheckRemoteTier(const Options& o) {
     return Invalid("remote_model_id", absl::StrCat("is ", o.remote_model_id.size(),
                                                    " bytes long, more than 256"));
   }
+  // The Redis identity appends other options' text to it: a NUL could make two differ as one.
+  if (o.remote_model_id.find('\0') != std::string::npos) {
+    return Invalid("remote_model_id", "holds a NUL byte");
+  }
   if (o.remote_tier_url.empty()) return absl::OkStatus();
   if (absl::StatusOr<RedisAddress> a = ParseRedisUrl(o.remote_tier_url); !a.ok()) {
     return Invalid("remote_tier_url", a.status().message());

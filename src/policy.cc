@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "src/echo.h"
 #include "src/json.h"
 #include "src/status_macros.h"
 
@@ -42,6 +43,7 @@ constexpr const char* kNvfp4Kv = "k:nvfp4_channel/block_head,v:nvfp4/block_head"
 }  // namespace
 
 absl::Status ValidatePolicy(const Policy& p) {
+  if (!IsUtf8(p.name)) return Invalid("name", absl::StrCat(Echo(p.name), " is not UTF-8"));
   if (p.tiers.empty() || p.tiers.size() > 8) {
     return Invalid("tiers", absl::StrCat("has ", p.tiers.size(), " tiers; 1 to 8 allowed"));
   }
@@ -165,13 +167,14 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view json) {
         }
         for (const auto& member : tier.members) {
           if (member.first != "format" && member.first != "max_age_tokens") {
-            return Invalid(field + member.first, "unknown field");
+            return Invalid(absl::StrCat("tiers[", i, "]"),
+                           absl::StrCat("unknown field ", Echo(member.first)));
           }
         }
         p.tiers.push_back(t);
       }
     } else {
-      return Invalid(key, "unknown field");
+      return absl::InvalidArgumentError(absl::StrCat("policy: unknown field ", Echo(key)));
     }
   }
   absl::Status valid = ValidatePolicy(p);
@@ -203,8 +206,9 @@ std::string PolicyToJson(const Policy& p) {
   }
   return absl::StrCat("{\"name\": ", JsonQuote(p.name), ", \"tiers\": [", absl::StrJoin(tiers, ", "),
                       "], \"sink_tokens\": ", p.sink_tokens, ", \"pressure_watermark\": ",
-                      p.pressure_watermark, ", \"pressure_window_scale\": ", p.pressure_window_scale,
-                      ", \"attention_keep_ratio\": ", p.attention_keep_ratio, "}");
+                      JsonNumber(p.pressure_watermark), ", \"pressure_window_scale\": ",
+                      JsonNumber(p.pressure_window_scale), ", \"attention_keep_ratio\": ",
+                      JsonNumber(p.attention_keep_ratio), "}");
 }
 
 }  // namespace kvtier

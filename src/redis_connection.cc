@@ -10,6 +10,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "src/echo.h"
 
 namespace kvtier {
 namespace {
@@ -29,22 +31,43 @@ timeval Timeval(int ms) { return timeval{ms / 1000, (ms % 1000) * 1000}; }
 absl::StatusOr<RedisAddress> ParseRedisUrl(absl::string_view url) {
   constexpr absl::string_view kScheme = "redis://";
   if (!absl::StartsWith(url, kScheme)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", url, "' does not start with redis://"));
+    return absl::InvalidArgumentError(absl::StrCat(Echo(url), " does not start with redis://"));
   }
   absl::string_view rest = url.substr(kScheme.size());
   if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
   RedisAddress address;
-  const size_t colon = rest.rfind(':');
-  address.host = std::string(rest.substr(0, colon));
-  if (colon != absl::string_view::npos &&
-      (!absl::SimpleAtoi(rest.substr(colon + 1), &address.port) || address.port < 1 ||
-       address.port > 65535)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", url, "' has no port in [1, 65535]"));
+  absl::string_view port;
+  bool has_port = false;
+  if (absl::ConsumePrefix(&rest, "[")) {  // an IPv6 address: redis://[::1]:6379
+    const size_t close = rest.find(']');
+    if (close == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(Echo(url), " has no ']' after its '['"));
+    }
+    address.host = std::string(rest.substr(0, close));
+    rest.remove_prefix(close + 1);
+    has_port = !rest.empty();
+    if (has_port && !absl::ConsumePrefix(&rest, ":")) {
+      return absl::InvalidArgumentError(absl::StrCat(Echo(url), ": expected ':PORT' after ']'"));
+    }
+    port = rest;
+  } else {
+    const size_t colon = rest.find(':');
+    if (colon != absl::string_view::npos && rest.find(':', colon + 1) != absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Echo(url), ": an IPv6 address goes in brackets, redis://[ADDRESS]:PORT"));
+    }
+    address.host = std::string(rest.substr(0, colon));
+    has_port = colon != absl::string_view::npos;
+    if (has_port) port = rest.substr(colon + 1);
+  }
+  if (has_port &&
+      (!absl::SimpleAtoi(port, &address.port) || address.port < 1 || address.port > 65535)) {
+    return absl::InvalidArgumentError(absl::StrCat(Echo(url), " has no port in [1, 65535]"));
   }
   if (address.host.empty() || absl::StrContains(address.host, '/') ||
       absl::StrContains(address.host, '@')) {
     return absl::InvalidArgumentError(
-        absl::StrCat("'", url, "' is not redis://HOST[:PORT] (no user, password or database)"));
+        absl::StrCat(Echo(url), " is not redis://HOST[:PORT] (no user, password or database)"));
   }
   return address;
 }
@@ -146,12 +169,17 @@ absl::Status RedisConnection::Set(absl::string_view key, absl::string_view value
 }
 
 absl::StatusOr<std::vector<std::optional<std::string>>> RedisConnection::Get(
-    absl::Span<const std::string> keys) {
+    absl::Span<const std::string> keys, size_t max_bytes) {
+  // GETRANGE's end is inclusive: a longer value comes back max_bytes + 1 bytes long.
+  const std::string last = absl::StrCat(max_bytes);
   std::vector<std::vector<absl::string_view>> commands;
-  for (const std::string& key : keys) commands.push_back({"GET", key});
+  for (const std::string& key : keys) commands.push_back({"GETRANGE", key, "0", last});
   std::vector<std::optional<std::string>> values;
   if (absl::Status s = Exchange(commands, &values); !s.ok()) return s;
-  if (values.size() != keys.size()) return absl::InternalError("GET replies missing");
+  if (values.size() != keys.size()) return absl::InternalError("GETRANGE replies missing");
+  for (std::optional<std::string>& v : values) {
+    if (v.has_value() && v->empty()) v.reset();  // a missing key reads as ""
+  }
   return values;
 }
 

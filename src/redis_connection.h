@@ -44,10 +44,11 @@ class RedisConnection {
 
   // SET key value. OK when stored.
   absl::Status Set(absl::string_view key, absl::string_view value);
-  // GET of every key, pipelined: the values in order, nullopt where a key holds none. A
-  // non-string reply is a value hiredis cannot hand back: Internal.
-  absl::StatusOr<std::vector<std::optional<std::string>>> Get(
-      absl::Span<const std::string> keys);
+  // The values of every key, pipelined, in order: nullopt where a key holds none or an empty
+  // string, and at most max_bytes + 1 bytes of each (GETRANGE), so that a value longer than
+  // max_bytes is known as such without being transferred. Another type under a key: Internal.
+  absl::StatusOr<std::vector<std::optional<std::string>>> Get(absl::Span<const std::string> keys,
+                                                              size_t max_bytes);
 
   bool connected() const { return context_ != nullptr; }
   // Connections made after the first.

@@ -142,6 +142,10 @@ absl::StatusOr<DecodedBlock> DecodeRemoteBlock(const RemoteBlockSpec& spec, uint
   if (Get(value, kChecksumAt, 8) != Checksum(value, payload)) {
     return absl::DataLossError("remote value fails its checksum");
   }
+  // Bytes the writer sets to zero: another layout of this version would not be read as this one.
+  if (Get(value, 30, 2) != 0 || Get(value, 52, 4) != 0) {
+    return absl::DataLossError("remote value has non-zero reserved header bytes");
+  }
   if (Get(value, 8, 8) != spec.identity) return Mismatch("model identity", Get(value, 8, 8), spec.identity);
   if (Get(value, 16, 8) != block_hash) return Mismatch("block hash", Get(value, 16, 8), block_hash);
   for (size_t f = 0; f < spec.palette.size(); ++f) {

@@ -22,7 +22,9 @@
 //    64    8 payload bytes
 //    72    8 checksum: XXH3 of bytes [0, 72) followed by the payload
 //
-// A value is accepted only when every field matches what the reading cache would write itself.
+// A value is accepted only when every field matches what the reading cache would write itself,
+// zero bytes included. The checksum guards against corruption, not against a writer: whoever can
+// write to the Redis server can place K/V under any prefix (docs/tiers.md, "Trust").
 //
 // Thread-safe (pure functions).
 #ifndef KVTIER_SRC_REMOTE_BLOCK_CODEC_H_

@@ -78,6 +78,9 @@ class RemoteTier {
   void WriterLoop();
 
   const uint64_t identity_;
+  // The longest value this cache writes (its largest format's block); a longer one is read only
+  // that far, one byte past, and refused.
+  const size_t max_value_bytes_;
   const std::chrono::milliseconds timeout_;
   const size_t queue_capacity_;
   std::atomic<int64_t> counters_[kNumCounters] = {};

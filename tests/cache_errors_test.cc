@@ -43,6 +43,8 @@ TEST(OptionsErrorsTest, InvalidOptionsNameTheField) {
          o.geometry = Geometry{1, 3, 256, 512};  // pages of 1.5 MiB: some 2 MiB slabs hold none
          o.memory_budget_bytes = 8 * o.slab_bytes;
        }},
+      // The remote identity appends option text to the model id: a NUL could make two match.
+      {"remote_model_id", [](Options& o) { o.remote_model_id = std::string("m\0x", 3); }},
       {"k_tensor_amax", [](Options& o) { o.k_tensor_amax = {1.f}; }},
       {"v_tensor_amax", [](Options& o) { o.v_tensor_amax = {1.f, -2.f}; }},
       // An enum out of range (from bindings or a cast): was a null backend dereferenced.
@@ -249,6 +251,13 @@ TEST_F(CacheErrorsTest, WriteWithWrongShapeOrDtype) {
   kv.k = nullptr;
   s = cache_->WriteKV(0, two, kv);
   EXPECT_NE(s.message().find("the k data pointer"), absl::string_view::npos) << s;
+  // An odd address (a tensor sliced at a byte): its 2-byte elements would be read unaligned.
+  kv = Input(2);
+  kv.v = static_cast<const char*>(kv.v) + 1;
+  s = cache_->WriteKV(0, two, kv);
+  ExpectUnchanged(s, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("the v data pointer is not 2-byte aligned"), absl::string_view::npos)
+      << s;
   ExpectUnchanged(cache_->WriteKV(2, two, Input(2)), absl::StatusCode::kInvalidArgument);
   ExpectUnchanged(cache_->WriteKV(-1, two, Input(2)), absl::StatusCode::kInvalidArgument);
 }

@@ -1,6 +1,9 @@
 // Hostile text through the parsers: format names, policy JSON and policy windows. Each answers
 // InvalidArgument with a message that names the problem, in bounded length.
 #include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 #include "gtest/gtest.h"
 #include "kvtier/cache.h"
@@ -61,8 +64,23 @@ TEST(ParseErrorsTest, JsonSyntaxIsStrict) {
            Case{R"({"name": "\u+123", "tiers": [{"format": "fp16"}]})", "four hexadecimal"},
            Case{R"({"name": "\q", "tiers": [{"format": "fp16"}]})", "unknown escape"},
            Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": nan})", "expected a value"},
-           Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": 0x10})", "expected a value"},
+           Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": 0x10})", "malformed number"},
            Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": 1e999})", "out of range"},
+           // JSON's number grammar, not strtod's.
+           Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": -.5})", "expected a value"},
+           Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": .5})", "expected a value"},
+           Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": +1})", "expected a value"},
+           Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": 1.})", "digits after '.'"},
+           Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": 1e+})", "an exponent"},
+           Case{R"({"tiers": [{"format": "fp16"}], "sink_tokens": 007})", "malformed number"},
+           // Strings: UTF-16 surrogates in pairs, no raw control character, UTF-8 only.
+           Case{R"({"name": "\ud800", "tiers": [{"format": "fp16"}]})", "low half"},
+           Case{R"({"name": "\ud800\u0041", "tiers": [{"format": "fp16"}]})", "low half"},
+           Case{R"({"name": "\udc00", "tiers": [{"format": "fp16"}]})", "lone low surrogate"},
+           Case{"{\"name\": \"a\tb\", \"tiers\": [{\"format\": \"fp16\"}]}", "control character"},
+           Case{"{\"name\": \"\xff\", \"tiers\": [{\"format\": \"fp16\"}]}", "not UTF-8"},
+           Case{"{\"name\": \"\xc0\xaf\", \"tiers\": [{\"format\": \"fp16\"}]}", "not UTF-8"},
+           Case{"{\"name\": \"\xed\xa0\x80\", \"tiers\": [{\"format\": \"fp16\"}]}", "not UTF-8"},
        }) {
     ExpectInvalid(ParsePolicyJson(c.json).status(), c.why);
   }
@@ -71,6 +89,56 @@ TEST(ParseErrorsTest, JsonSyntaxIsStrict) {
       ParsePolicyJson(R"({"name": "a\u0041\"\\\/\n", "tiers": [{"format": "fp16"}]})");
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->name, "aA\"\\/\n");
+}
+
+// \u escapes are UTF-16 code units, read as UTF-8 (a name Python's json.dump writes with its
+// default ensure_ascii); raw UTF-8 is read as it is.
+TEST(ParseErrorsTest, JsonStringsAreUtf8) {
+  for (const auto& [json_name, bytes] : {
+           std::pair<const char*, const char*>{R"(caf\u00e9)", "caf\xc3\xa9"},
+           {R"(\u7b56)", "\xe7\xad\x96"},
+           {R"(\ud83d\ude00)", "\xf0\x9f\x98\x80"},
+           {"caf\xc3\xa9", "caf\xc3\xa9"},
+       }) {
+    const absl::StatusOr<Policy> p = ParsePolicyJson(
+        absl::StrCat(R"({"name": ")", json_name, R"(", "tiers": [{"format": "fp16"}]})"));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->name, bytes);
+    const absl::StatusOr<Policy> again = ParsePolicyJson(PolicyToJson(*p));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->name, bytes);
+  }
+  Policy p = *PolicyPreset("fp8");
+  p.name = "\xff";
+  ExpectInvalid(ValidatePolicy(p), "policy.name");
+}
+
+// Every double of a valid policy reads back as the same double (6 significant digits wrote
+// 0.9999999 as 1, outside [0, 1), and changed 0.1234567).
+TEST(ParseErrorsTest, PolicyNumbersRoundTripExactly) {
+  Policy p = *PolicyPreset("fp8");
+  p.pressure_watermark = 0.9999999;
+  p.pressure_window_scale = 0.1234567;
+  p.attention_keep_ratio = 1048575.0000000001;  // printed 1.04858e+06: past 2^20
+  ASSERT_TRUE(ValidatePolicy(p).ok()) << ValidatePolicy(p);
+  const absl::StatusOr<Policy> again = ParsePolicyJson(PolicyToJson(p));
+  ASSERT_TRUE(again.ok()) << again.status() << " in " << PolicyToJson(p);
+  EXPECT_EQ(again->pressure_watermark, p.pressure_watermark);
+  EXPECT_EQ(again->pressure_window_scale, p.pressure_window_scale);
+  EXPECT_EQ(again->attention_keep_ratio, p.attention_keep_ratio);
+}
+
+// An unknown member's name is echoed cut and escaped, like any caller text.
+TEST(ParseErrorsTest, UnknownPolicyFieldsAreEchoedCut) {
+  const std::string key(1000, 'k');
+  for (const std::string& json :
+       {absl::StrCat(R"({")", key, R"(": 1, "tiers": [{"format": "fp16"}]})"),
+        absl::StrCat(R"({"tiers": [{"format": "fp16", ")", key, R"(": 1}]})")}) {
+    const absl::Status s = ParsePolicyJson(json).status();
+    ExpectInvalid(s, "unknown field 'kkkk");
+    ExpectInvalid(s, "(1000 bytes)");
+    EXPECT_LT(s.message().size(), 200u) << s;
+  }
 }
 
 TEST(ParseErrorsTest, PolicyNamesRoundTripThroughJson) {

@@ -49,8 +49,9 @@ TEST(PolicyTest, InvalidPoliciesNameTheField) {
            Case{R"({"tiers": [{"format": "fp16"}], "attention_keep_ratio": -1})", "attention_keep_ratio"},
            Case{R"({"tiers": [{"format": "fp16"}], "attention_keep_ratio": 1e9})", "attention_keep_ratio"},
            Case{R"({"tiers": [{"format": "fp16"}], "attention_keep_ratio": "8"})", "attention_keep_ratio"},
-           Case{R"({"tiers": [{"format": "fp16", "colour": 1}]})", "tiers[0].colour"},
-           Case{R"({"tier": []})", "policy.tier"},
+           Case{R"({"tiers": [{"format": "fp16", "colour": 1}]})",
+                "tiers[0]: unknown field 'colour'"},
+           Case{R"({"tier": []})", "policy: unknown field 'tier'"},
            Case{R"({"tiers": [{"format": "fp16"}], )", "JSON at byte"},
        }) {
     const absl::StatusOr<Policy> p = ParsePolicyJson(c.json);

@@ -1,6 +1,8 @@
 // The remote tier's wire format (remote_block_codec.h) and URL parsing, without a server.
 #include "src/remote_block_codec.h"
 
+#include <xxhash.h>
+
 #include <string>
 
 #include "gtest/gtest.h"
@@ -73,6 +75,22 @@ TEST(RemoteBlockCodecTest, DamagedValuesAreDataLossAndForeignOnesFailedPrecondit
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A value whose reserved header bytes are not zero, its checksum made right again (as a writer of
+// another layout of this version would): refused, not read as this layout.
+TEST(RemoteBlockCodecTest, ReservedHeaderBytesMustBeZero) {
+  const RemoteBlockSpec spec = Spec();
+  for (const size_t at : {30, 31, 52, 55}) {
+    std::string v = Value(spec, 77, 0);
+    v[at] = 1;
+    const std::string checked = v.substr(0, 72) + v.substr(kRemoteHeaderBytes);
+    const uint64_t sum = XXH3_64bits(checked.data(), checked.size());
+    for (int i = 0; i < 8; ++i) v[72 + i] = static_cast<char>(sum >> (8 * i));
+    const absl::Status s = DecodeRemoteBlock(spec, 77, v).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << "byte " << at << ": " << s;
+    EXPECT_NE(s.message().find("reserved"), absl::string_view::npos) << s;
+  }
+}
+
 TEST(RemoteBlockCodecTest, KeysSeparateModelsAndGeometries) {
   Options a = testing::SmallOptions();
   a.remote_model_id = "llama";
@@ -89,8 +107,13 @@ TEST(RedisUrlTest, HostAndPortOrTheDefaultPort) {
   EXPECT_EQ(ParseRedisUrl("redis://10.0.0.1:7000")->port, 7000);
   EXPECT_EQ(ParseRedisUrl("redis://cache.local")->port, 6379);
   EXPECT_EQ(ParseRedisUrl("redis://cache.local/")->host, "cache.local");
+  EXPECT_EQ(ParseRedisUrl("redis://[::1]:7001")->host, "::1");
+  EXPECT_EQ(ParseRedisUrl("redis://[::1]:7001")->port, 7001);
+  EXPECT_EQ(ParseRedisUrl("redis://[fe80::2]/")->port, 6379);
   for (const char* bad : {"redis://", "redis://:80", "redis://h:0", "redis://h:x", "tcp://h:1",
-                          "redis://user@h:1", "redis://h:1/2"}) {
+                          "redis://user@h:1", "redis://h:1/2", "redis://h:", "redis://::1",
+                          "redis://::1:6379", "redis://[::1", "redis://[::1]6379",
+                          "redis://[::1]:", "redis://[]:1"}) {
     EXPECT_EQ(ParseRedisUrl(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }

@@ -4,6 +4,7 @@
 // full write queue) as misses or dropped writes that are counted, never wrong K/V.
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -240,7 +241,7 @@ TEST_F(RemoteTierTest, AServerPausedPastTheTimeoutIsAMissWithinAboutTheTimeout) 
   ExpectSameKV(*a, *c, Prompt(2, 1), 2);
 }
 
-TEST_F(RemoteTierTest, GarbageTruncatedAndForeignValuesAreMissesCountedByKind) {
+TEST_F(RemoteTierTest, GarbageTruncatedOversizedAndForeignValuesAreMissesCountedByKind) {
   const Options o = RemoteOptions(server_.url());
   auto a = Make(o), b = Make(o);
   const std::vector<int32_t> prompt = Prompt(2, 40);
@@ -267,6 +268,21 @@ TEST_F(RemoteTierTest, GarbageTruncatedAndForeignValuesAreMissesCountedByKind) {
     EXPECT_EQ(Match(*b, prompt).cached_tokens, 0);
     EXPECT_EQ(b->GetStats().remote.*counter, before + 1);
   }
+  // 64 MiB under the key: read only one byte past the longest block this cache writes, then
+  // refused; never transferred whole (the server's own count of bytes sent says so).
+  auto bytes_sent = [&] {
+    const std::string info = server_.Command({"INFO", "stats"});
+    const size_t at = info.find("total_net_output_bytes:");
+    if (at == std::string::npos) return int64_t{-1};
+    const size_t from = at + std::strlen("total_net_output_bytes:");
+    return int64_t{std::stoll(info.substr(from, info.find_first_of("\r\n", from) - from))};
+  };
+  ASSERT_EQ(server_.Command({"SET", key, good + std::string(size_t{64} << 20, 'x')}), "OK");
+  const int64_t sent = bytes_sent(), corrupt = b->GetStats().remote.corrupt_values;
+  ASSERT_GE(sent, 0) << "no total_net_output_bytes in INFO stats";
+  EXPECT_EQ(Match(*b, prompt).cached_tokens, 0);
+  EXPECT_EQ(b->GetStats().remote.corrupt_values, corrupt + 1);
+  EXPECT_LT(bytes_sent() - sent, int64_t{1} << 20);
   // A whole value of another geometry under this key (a key collision): refused by its header.
   Options other = o;
   other.geometry.num_kv_heads = 1;

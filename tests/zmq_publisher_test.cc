@@ -7,11 +7,13 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "gtest/gtest.h"
 #include "kvtier/cache.h"
 #include "tests/test_util.h"
@@ -158,6 +160,66 @@ TEST(ZmqPublisherTest, EveryBatchIsPublishedOrCountedAsDropped) {
   EXPECT_EQ(s.published_batches + s.dropped_batches, kSteps);
   EXPECT_EQ(s.published_events + s.dropped_events, kSteps);
   EXPECT_EQ(s.queued_batches, 0);
+}
+
+// A replay peer that sends requests without pause and never reads the replies, and one that
+// sends a 1 MiB frame (over the replay socket's message limit: that peer is dropped): batches are
+// still published, another peer's replay is still answered, and the cache is destroyed promptly
+// (the thread answers at most 8 requests a turn, then publishes and checks for its stop).
+TEST(ZmqPublisherTest, AReplayFloodStallsNeitherPublishingNorShutdown) {
+  const Options o = EventOptions("flood");
+  std::unique_ptr<Cache> cache = testing::MustCreate(o);
+  zmq::context_t context(1);
+  std::atomic<bool> flooding{true};
+  std::thread flood([&] {
+    zmq::socket_t dealer(context, zmq::socket_type::dealer);
+    dealer.set(zmq::sockopt::linger, 0);
+    dealer.connect(o.kv_events_replay_endpoint);
+    const unsigned char start[8] = {};
+    while (flooding.load()) {
+      dealer.send(zmq::message_t(), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      dealer.send(zmq::buffer(start), zmq::send_flags::dontwait);
+    }
+  });
+  absl::Cleanup stop_flood = [&] {
+    flooding.store(false);
+    flood.join();
+  };
+  zmq::socket_t big(context, zmq::socket_type::dealer);
+  big.set(zmq::sockopt::linger, 0);
+  big.connect(o.kv_events_replay_endpoint);
+  big.send(zmq::message_t(), zmq::send_flags::sndmore);
+  big.send(zmq::message_t(size_t{1} << 20), zmq::send_flags::none);
+
+  std::vector<int64_t> slots;
+  constexpr int kSteps = 40;
+  for (int i = 0; i < kSteps; ++i) {
+    const SequenceId id = cache->AddSequence().value();
+    ASSERT_TRUE(cache->AppendTokens(id, Tokens(16, 100 * i), &slots).ok());
+    ASSERT_TRUE(cache->EndStep().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EventStats s;
+  for (int wait = 0; wait < 300 && s.published_batches < kSteps; ++wait) {
+    s = cache->GetStats().events;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.published_batches, kSteps);
+  EXPECT_GT(s.replay_requests, kSteps);  // the flood was being served meanwhile
+
+  zmq::socket_t polite(context, zmq::socket_type::dealer);
+  polite.set(zmq::sockopt::rcvtimeo, 5000);
+  polite.connect(o.kv_events_replay_endpoint);
+  const unsigned char from_last[8] = {0, 0, 0, 0, 0, 0, 0, kSteps - 1};
+  polite.send(zmq::message_t(), zmq::send_flags::sndmore);
+  polite.send(zmq::buffer(from_last), zmq::send_flags::none);
+  std::vector<zmq::message_t> parts;
+  ASSERT_TRUE(zmq::recv_multipart(polite, std::back_inserter(parts)));
+  EXPECT_EQ(BigEndian(parts[1]), static_cast<uint64_t>(kSteps - 1));
+
+  const auto before = std::chrono::steady_clock::now();
+  cache.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::seconds(3));
 }
 
 }  // namespace

@@ -62,7 +62,6 @@ DlpackImport::DlpackImport(const py::object& obj, BackendKind backend, const std
   capsule_ = obj.attr("__dlpack__")();
   managed_ = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule_.ptr(), "dltensor"));
   if (managed_ == nullptr) throw py::error_already_set();
-  PyCapsule_SetName(capsule_.ptr(), "used_dltensor");
   const DLTensor& t = managed_->dl_tensor;
   // kDLCPU 1, kDLCUDA 2, kDLCUDAHost 3, kDLCUDAManaged 13.
   const int32_t d = t.device.device_type;
@@ -80,6 +79,8 @@ DlpackImport::DlpackImport(const py::object& obj, BackendKind backend, const std
       expect *= t.shape[i];
     }
   }
+  // Consumed only once accepted: a refused tensor stays its capsule's, which frees it.
+  PyCapsule_SetName(capsule_.ptr(), "used_dltensor");
 }
 
 DlpackImport::~DlpackImport() {

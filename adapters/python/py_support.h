@@ -6,8 +6,12 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -45,13 +49,50 @@ py::array_t<T> ToNumpy(const std::vector<T>& v, std::vector<py::ssize_t> shape =
   return a;
 }
 
+// A 1-D array-like of numbers as a vector of T. For an integral T (slots, counts, token ids):
+// integers only, each in T's range, else TypeError or ValueError; a float would be truncated, an
+// int64 token id wrapped into another token. None and empty inputs give an empty vector.
 template <typename T>
 std::vector<T> FromArray(const py::handle& obj) {
   if (obj.is_none()) return {};
-  py::array_t<T, py::array::c_style | py::array::forcecast> a =
-      py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(obj);
-  if (!a) throw py::type_error("expected an array-like of numbers");
-  return std::vector<T>(a.data(), a.data() + a.size());
+  const py::array any = py::array::ensure(obj);
+  if (!any) throw py::type_error("expected an array-like of numbers");
+  if (any.size() == 0) return {};
+  if (any.ndim() != 1) {
+    throw py::value_error("expected a 1-D array, got " + std::to_string(any.ndim()) +
+                          " dimensions");
+  }
+  if constexpr (std::is_integral_v<T>) {
+    const char kind = any.dtype().kind();
+    if (kind != 'i' && kind != 'u') {
+      throw py::type_error(std::string("expected integers, got an array of ") +
+                           py::str(any.dtype()).cast<std::string>());
+    }
+    using Wide = std::conditional_t<sizeof(T) < 8, int64_t, T>;
+    const auto wide = py::array_t<Wide, py::array::c_style | py::array::forcecast>::ensure(any);
+    if (!wide) throw py::type_error("expected integers");
+    std::vector<T> out;
+    out.reserve(wide.size());
+    for (py::ssize_t i = 0; i < wide.size(); ++i) {
+      const Wide x = wide.data()[i];
+      bool outside = kind == 'u' && x < 0;  // a uint64 past INT64_MAX, wrapped by the cast
+      if constexpr (sizeof(T) < sizeof(Wide)) {
+        outside = outside || x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max();
+      }
+      if (outside) {
+        throw py::value_error(
+            (kind == 'u' ? std::to_string(static_cast<uint64_t>(x)) : std::to_string(x)) +
+            " is outside [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+            std::to_string(std::numeric_limits<T>::max()) + "]");
+      }
+      out.push_back(static_cast<T>(x));
+    }
+    return out;
+  } else {
+    const auto a = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(any);
+    if (!a) throw py::type_error("expected an array-like of numbers");
+    return std::vector<T>(a.data(), a.data() + a.size());
+  }
 }
 
 // ---- The cache ----

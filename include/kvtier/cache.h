@@ -34,7 +34,9 @@ namespace kvtier {
 enum class DType : uint8_t { kFloat16, kBFloat16, kFloat32 };
 
 // K and V of `num_tokens` new tokens of one layer, each a contiguous row-major array
-// [num_tokens, num_heads, head_dim] of `dtype`. The caller owns the memory.
+// [num_tokens, num_heads, head_dim] of `dtype`. The caller owns the memory. REQUIRES: k and v
+// aligned to 16 bytes on the CUDA backend (its kernels load rows 16 bytes at a time), to their
+// element on the CPU backend; InvalidArgument otherwise.
 struct KVInput {
   DType dtype = DType::kFloat16;
   const void* k = nullptr;

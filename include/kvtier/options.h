@@ -100,7 +100,8 @@ struct Options {
   // full block published in the prefix index is written there at the next EndStep (in the
   // background; a full queue drops the write), and AddSequence looks up the blocks after the
   // local match there, waiting up to remote_timeout_ms. "redis://HOST:PORT" (PORT defaults to
-  // 6379); a server that is down or slow only costs misses. Takes slab_bytes per layer of
+  // 6379; an IPv6 HOST in brackets, "redis://[::1]:6379"); a server that is down or slow only
+  // costs misses. Takes slab_bytes per layer of
   // host memory (pinned on CUDA) to stage pages. REQUIRES: empty or that form, and
   // remote_model_id non-empty with it. Default: "" (no remote tier).
   std::string remote_tier_url;

@@ -19,6 +19,12 @@ namespace {
 constexpr int kIdleWaitMs = 5;
 // How long closing the PUB socket waits for a subscriber to take the last messages.
 constexpr int kLingerMs = 1000;
+// Replay requests answered per turn of the thread, so that a peer sending them without pause
+// neither starves the publishing of new batches nor holds back the thread's stop.
+constexpr int kRequestsPerTurn = 8;
+// The largest message a replay peer may send: a request's frames are "" and an 8-byte sequence
+// number; a larger one disconnects that peer rather than being buffered.
+constexpr int64_t kMaxRequestBytes = 64;
 // Replay's end marker: -1 as 8 bytes.
 constexpr std::array<unsigned char, 8> kEndSeq = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
 
@@ -68,6 +74,7 @@ absl::StatusOr<std::unique_ptr<ZmqEventPublisher>> ZmqEventPublisher::Create(
       endpoint = &options.kv_events_replay_endpoint;
       replay.emplace(context, zmq::socket_type::router);
       replay->set(zmq::sockopt::linger, 0);
+      replay->set(zmq::sockopt::maxmsgsize, kMaxRequestBytes);
       replay->bind(*endpoint);
     }
     return std::unique_ptr<ZmqEventPublisher>(new ZmqEventPublisher(
@@ -189,8 +196,10 @@ void ZmqEventPublisher::ServeReplay(int wait_ms) {
     std::array<zmq::pollitem_t, 1> items = {{{replay_->handle(), 0, ZMQ_POLLIN, 0}}};
     zmq::poll(items.data(), items.size(), std::chrono::milliseconds(wait_ms));
     std::vector<zmq::message_t> request;
-    while (zmq::recv_multipart(*replay_, std::back_inserter(request),
-                               zmq::recv_flags::dontwait)) {
+    for (int served = 0; served < kRequestsPerTurn &&
+                         zmq::recv_multipart(*replay_, std::back_inserter(request),
+                                             zmq::recv_flags::dontwait);
+         ++served) {
       // [identity, "", start]; anything else is ignored, as by vLLM.
       if (request.size() == 3 && request[2].size() == 8) {
         replay_requests_.fetch_add(1, std::memory_order_relaxed);

@@ -9,6 +9,7 @@ import gc
 import os
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -155,6 +156,14 @@ def test_write_kv_through_dlpack(dlpack_producer):
     np.testing.assert_array_equal(rv, -k.astype(np.float32))
     # Other float dtypes are converted to float16 (a copy).
     cache.write_kv(0, slots, k.astype(np.float32), k.astype(np.float32))
+    # A refused tensor is left to its producer, not leaked: its array's count is as before.
+    strided = np.zeros((5, H, 2 * D), np.float16)[:, :, ::2]
+    producer = Producer(strided)
+    before = sys.getrefcount(strided)
+    with pytest.raises(ValueError, match="contiguous"):
+        cache.write_kv(0, slots, producer, producer)
+    gc.collect()
+    assert sys.getrefcount(strided) == before
 
 
 def test_errors_map_to_python_exceptions():
@@ -177,6 +186,17 @@ def test_errors_map_to_python_exceptions():
     two.append(part, 3)
     with pytest.raises(RuntimeError, match="partial"):  # FailedPrecondition
         two.demote(two.sequence_blocks(part), 1)
+    # Integer arguments are integers in range, in one dimension: never truncated, wrapped or
+    # flattened (2**32 + 5 as a token id was token 5, another prompt).
+    with pytest.raises(TypeError, match="integers"):
+        cache.append_batch([tail], np.array([1.5]))
+    with pytest.raises(ValueError, match="outside"):
+        cache.add_sequence(prompt=np.array([2 ** 32 + 5]))
+    with pytest.raises(ValueError, match="outside"):
+        cache.append_tokens(tail, np.array([2 ** 63 + 1], np.uint64))
+    with pytest.raises(ValueError, match="1-D"):
+        cache.add_sequence(prompt=np.zeros((2, 3), np.int32))
+    assert cache.append_batch([tail], [1]).shape == (1,)  # a list of Python ints is fine
 
 
 def test_refusals_name_the_format_and_the_target():
