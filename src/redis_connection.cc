@@ -108,15 +108,35 @@ absl::Status RedisConnection::Fail(absl::string_view during) {
                          (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK ||
                           saved_errno == ETIMEDOUT || saved_errno == EINPROGRESS ||
                           absl::StrContains(context_->errstr, "timed out"));
+  return Drop(timed_out ? absl::DeadlineExceededError(what) : absl::UnavailableError(what));
+}
+
+absl::Status RedisConnection::Drop(absl::Status why) {
   redisFree(context_);
   context_ = nullptr;
   backoff_ = std::min(kMaxBackoff, std::max(kFirstBackoff, 2 * backoff_));
   retry_at_ = Clock::now() + backoff_;
-  return timed_out ? absl::DeadlineExceededError(what) : absl::UnavailableError(what);
+  return why;
+}
+
+absl::Status RedisConnection::NextReply(Clock::time_point deadline, void** reply) {
+  for (;;) {
+    if (redisGetReplyFromReader(context_, reply) != REDIS_OK) return Fail("reply");
+    if (*reply != nullptr) return absl::OkStatus();
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      return Drop(absl::DeadlineExceededError(
+          absl::StrCat("redis://", address_.host, ":", address_.port, " reply: no whole reply ",
+                       "within ", timeout_ms_, " ms")));
+    }
+    redisSetTimeout(context_, Timeval(static_cast<int>(left.count())));
+    if (redisBufferRead(context_) != REDIS_OK) return Fail("reply");
+  }
 }
 
 absl::Status RedisConnection::ExchangeOnce(const std::vector<std::vector<absl::string_view>>& commands,
                                            std::vector<std::optional<std::string>>* values) {
+  if (redisSetTimeout(context_, Timeval(timeout_ms_)) != REDIS_OK) return Fail("send");
   for (const std::vector<absl::string_view>& args : commands) {
     std::vector<const char*> argv;
     std::vector<size_t> lengths;
@@ -129,10 +149,14 @@ absl::Status RedisConnection::ExchangeOnce(const std::vector<std::vector<absl::s
       return Fail("send");
     }
   }
+  for (int written = 0; !written;) {  // each write waits up to the timeout
+    if (redisBufferWrite(context_, &written) != REDIS_OK) return Fail("send");
+  }
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
   absl::Status refused;
   for (size_t i = 0; i < commands.size(); ++i) {
     void* raw = nullptr;
-    if (redisGetReply(context_, &raw) != REDIS_OK) return Fail("reply");
+    if (absl::Status s = NextReply(deadline, &raw); !s.ok()) return s;
     const Reply reply(static_cast<redisReply*>(raw));
     if (reply->type == REDIS_REPLY_ERROR) {
       const std::string message(reply->str, reply->len);

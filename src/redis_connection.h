@@ -4,7 +4,8 @@
 // Status codes that the remote tier counts by kind:
 //   Unavailable       the server cannot be reached, or closed the connection (also during a
 //                     backoff, without trying)
-//   DeadlineExceeded  a connect, send or reply wait ran past the timeout
+//   DeadlineExceeded  a connect or send wait ran past the timeout, or a call's replies were not
+//                     all in by the timeout after its commands were sent
 //   ResourceExhausted the server refused a write for its maxmemory (an "OOM" error reply)
 //   Internal          any other error reply
 //
@@ -32,7 +33,8 @@ struct RedisAddress {
   int port = 6379;
 };
 
-// "redis://HOST[:PORT]" with PORT in [1, 65535]; InvalidArgument naming what is wrong.
+// "redis://HOST[:PORT]" with PORT in [1, 65535] (an IPv6 HOST in brackets); InvalidArgument
+// naming what is wrong.
 absl::StatusOr<RedisAddress> ParseRedisUrl(absl::string_view url);
 
 class RedisConnection {
@@ -60,6 +62,12 @@ class RedisConnection {
   absl::Status Connect();
   // Drops the connection after `error` (from context_) and returns it as a Status.
   absl::Status Fail(absl::string_view during);
+  // Drops the connection (backing off before the next) and returns `why`.
+  absl::Status Drop(absl::Status why);
+  // Reads until one whole reply is buffered: *reply. Past `deadline` (a server sending a byte
+  // at a time never trips a per-read timeout) the connection is dropped, its replies out of
+  // step: DeadlineExceeded.
+  absl::Status NextReply(Clock::time_point deadline, void** reply);
   // Sends the queued commands of `count` replies and reads them; retries once on a fresh
   // connection when a connection that had worked before turns out closed.
   absl::Status Exchange(const std::vector<std::vector<absl::string_view>>& commands,

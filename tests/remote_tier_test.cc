@@ -1,10 +1,17 @@
 // The remote tier (Options::remote_tier_url) against a real redis-server on the loopback: two
 // caches sharing prefixes with identical K/V, and every fault (server down at creation or mid-
-// run, restarted, paused past the timeout, garbage, truncated or foreign values, maxmemory, a
-// full write queue) as misses or dropped writes that are counted, never wrong K/V.
+// run, restarted, paused past the timeout, garbage, truncated, oversized or foreign values,
+// maxmemory, a full write queue) as misses or dropped writes that are counted, never wrong K/V;
+// and a server trickling its reply, against the connection alone.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,6 +20,7 @@
 #include "kvtier/cache.h"
 #include "src/prefix_hash.h"
 #include "src/backend.h"
+#include "src/redis_connection.h"
 #include "src/remote_block_codec.h"
 #include "tests/fault_backend.h"
 #include "tests/redis_server.h"
@@ -295,6 +303,41 @@ TEST_F(RemoteTierTest, GarbageTruncatedOversizedAndForeignValuesAreMissesCounted
   ASSERT_EQ(server_.Command({"SET", key, good}), "OK");
   auto d = Make(o);
   ExpectSameKV(*a, *d, prompt, 2);
+}
+
+// A server that answers a byte at a time, 10 ms apart: every read returns within the timeout,
+// so only a deadline for the whole reply ends the call, at about the timeout (the reply would
+// take 1.1 s).
+TEST(RedisConnectionTest, AReplyTrickledAByteAtATimeIsCutAtTheTimeout) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), length), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  std::thread server([listener] {
+    const int client = accept(listener, nullptr, nullptr);
+    char request[256];
+    if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
+    const std::string reply = "$100\r\n" + std::string(100, 'x') + "\r\n";
+    for (const char c : reply) {
+      if (send(client, &c, 1, MSG_NOSIGNAL) != 1) break;  // the client gave up
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    close(client);
+  });
+  RedisConnection connection(RedisAddress{"127.0.0.1", ntohs(address.sin_port)}, 100);
+  const std::vector<std::string> keys = {"k"};
+  const auto start = std::chrono::steady_clock::now();
+  const absl::StatusOr<std::vector<std::optional<std::string>>> values = connection.Get(keys, 200);
+  const auto took = std::chrono::steady_clock::now() - start;
+  server.join();
+  close(listener);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(values.status())) << values.status();
+  EXPECT_GE(took, std::chrono::milliseconds(90));
+  EXPECT_LT(took, std::chrono::milliseconds(500));
 }
 
 TEST_F(RemoteTierTest, ModelsNeverReadEachOthersBlocks) {
