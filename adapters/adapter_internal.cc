@@ -37,6 +37,7 @@ TensorView MakeView(const PoolAndFormat& p, int64_t byte_offset, ViewDType dtype
   v.shape = std::move(shape);
   v.strides = std::move(strides);
   v.device = p.device;
+  v.device_id = p.pool.device_id;
   return v;
 }
 

@@ -94,6 +94,9 @@ class Backend {
     return absl::OkStatus();
   }
 
+  // The CUDA device the pools live on (the one current when the backend was made); 0 on
+  // backends of host memory, as DLPack numbers the CPU.
+  virtual int32_t device_id() const { return 0; }
   // True when every call above has completed on return, so freed pages may be reused at once.
   virtual bool synchronous() const = 0;
   // A fence that passes once all work issued so far has completed.

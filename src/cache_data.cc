@@ -186,6 +186,7 @@ absl::StatusOr<PoolInfo> CacheImpl::GetPool(int32_t format, int32_t layer) const
   info.v_scale_offset = l.v.scale_offset;
   info.k_tensor_scale = view.k_tensor_scale;
   info.v_tensor_scale = view.v_tensor_scale;
+  info.device_id = backend_->device_id();
   return info;
 }
 

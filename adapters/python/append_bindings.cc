@@ -25,7 +25,7 @@ bool IsList(const py::object& obj) {
 // layer or from stacked tensors; every other check is WriteKVLayers' own.
 void WriteKVLayersCall(PyCache& c, const PreparedAppend& step, const py::object& k,
                        const py::object& v, uintptr_t stream, bool synchronize) {
-  const BackendKind backend = (*c).options().backend;
+  const Placement at = PlacementOf(*c);
   const Geometry& g = c.geometry();
   if (IsList(k) != IsList(v) || (IsList(k) && py::len(k) != py::len(v))) {
     throw py::value_error("k_layers and v_layers must be lists of the same length or both "
@@ -37,13 +37,13 @@ void WriteKVLayersCall(PyCache& c, const PreparedAppend& step, const py::object&
     ks.reserve(py::len(k));
     vs.reserve(py::len(v));
     for (size_t l = 0; l < py::len(k); ++l) {
-      ks.emplace_back(py::object(k[py::int_(l)]), backend);
-      vs.emplace_back(py::object(v[py::int_(l)]), backend);
+      ks.emplace_back(py::object(k[py::int_(l)]), at);
+      vs.emplace_back(py::object(v[py::int_(l)]), at);
       layers.push_back(MakeInput(ks.back(), vs.back(), g));
     }
   } else {
-    ks.emplace_back(k, backend);
-    vs.emplace_back(v, backend);
+    ks.emplace_back(k, at);
+    vs.emplace_back(v, at);
     layers = StackedInputs(ks[0], vs[0], g);
   }
   const DeviceLaunch launch{reinterpret_cast<void*>(stream), synchronize};

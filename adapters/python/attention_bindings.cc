@@ -91,7 +91,7 @@ void DecodeAttentionCall(const PyCache& c, int32_t layer, const py::object& batc
                          const py::object& q, const py::object& out, const py::object& lse,
                          std::optional<float> softmax_scale, uintptr_t stream, bool synchronize) {
   const Geometry& g = c.geometry();
-  const BackendKind backend = c.cache->options().backend;
+  const Placement at = PlacementOf(*c.cache);
   const bool prepared = py::isinstance<PreparedDecode>(batch);
   PageTables built;
   const PageTables* tables = prepared ? nullptr : &TablesOf(c, batch, &built);
@@ -100,9 +100,9 @@ void DecodeAttentionCall(const PyCache& c, int32_t layer, const py::object& batc
   const py::tuple qshape = q.attr("shape");
   if (qshape.size() != 3) throw py::value_error("q must be [batch, num_q_heads, head_dim]");
   const int64_t heads = qshape[1].cast<int64_t>();
-  const FloatTensor qt(q, backend, {rows, heads, g.head_dim}, "q");
-  const FloatTensor ot(out, backend, {rows, heads, g.head_dim}, "out");
-  const FloatTensor lt(lse, backend, {rows, heads}, "lse");
+  const FloatTensor qt(q, at, {rows, heads, g.head_dim}, "q");
+  const FloatTensor ot(out, at, {rows, heads, g.head_dim}, "out");
+  const FloatTensor lt(lse, at, {rows, heads}, "lse");
   const float scale = softmax_scale.value_or(1.f / std::sqrt(static_cast<float>(g.head_dim)));
   const DecodeQueries queries{qt.span(), static_cast<int32_t>(heads), scale};
   const DecodeOutputs outputs{ot.span(), lt.span(), {}, 0};
@@ -129,9 +129,10 @@ void MergeStatesCall(const py::object& out_a, const py::object& lse_a, const py:
   ss.assign(vs.begin(), vs.end() - 1);
   int64_t rows = 1;
   for (int64_t x : ss) rows *= x;
-  const FloatTensor a(out_a, backend, vs, "out_a"), b(out_b, backend, vs, "out_b");
-  const FloatTensor sa(lse_a, backend, ss, "lse_a"), sb(lse_b, backend, ss, "lse_b");
-  const FloatTensor o(out, backend, vs, "out"), s(lse, backend, ss, "lse");
+  const Placement at{backend, Placement::kAnyDevice};
+  const FloatTensor a(out_a, at, vs, "out_a"), b(out_b, at, vs, "out_b");
+  const FloatTensor sa(lse_a, at, ss, "lse_a"), sb(lse_b, at, ss, "lse_b");
+  const FloatTensor o(out, at, vs, "out"), s(lse, at, ss, "lse");
   Check(MergeStatesOn(backend, a.span(), sa.span(), b.span(), sb.span(), rows,
                       static_cast<int32_t>(vs.back()), o.span(), s.span(),
                       DeviceLaunch{nullptr, /*synchronize=*/true}));

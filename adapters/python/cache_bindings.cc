@@ -279,7 +279,8 @@ void BindData(CacheClass& cache) {
       .def("write_kv",
            [](PyCache& c, int32_t layer, const py::object& slots, const py::object& k,
               const py::object& v) {
-             const KVSource ks(k, (*c).options().backend), vs(v, (*c).options().backend);
+             const Placement at = PlacementOf(*c);
+             const KVSource ks(k, at), vs(v, at);
              const std::vector<int64_t> s = FromArray<int64_t>(slots);
              Check((*c).WriteKV(layer, s, MakeInput(ks, vs, c.geometry())));
            },
@@ -300,7 +301,8 @@ void BindData(CacheClass& cache) {
            "seq"_a, "layer"_a, "K and V decoded to float32, each [length, num_kv_heads, head_dim].")
       .def("calibrate_tensor_scales",
            [](PyCache& c, int32_t layer, const py::object& k, const py::object& v) {
-             const KVSource ks(k, (*c).options().backend), vs(v, (*c).options().backend);
+             const Placement at = PlacementOf(*c);
+             const KVSource ks(k, at), vs(v, at);
              Check((*c).CalibrateTensorScales(layer, MakeInput(ks, vs, c.geometry())));
            },
            "layer"_a, "k"_a, "v"_a)

@@ -58,17 +58,24 @@ py::capsule PyTensorView::Capsule() const {
   return py::reinterpret_steal<py::capsule>(cap);
 }
 
-DlpackImport::DlpackImport(const py::object& obj, BackendKind backend, const std::string& what) {
+DlpackImport::DlpackImport(const py::object& obj, const Placement& placement,
+                           const std::string& what) {
   capsule_ = obj.attr("__dlpack__")();
   managed_ = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule_.ptr(), "dltensor"));
   if (managed_ == nullptr) throw py::error_already_set();
   const DLTensor& t = managed_->dl_tensor;
   // kDLCPU 1, kDLCUDA 2, kDLCUDAHost 3, kDLCUDAManaged 13.
   const int32_t d = t.device.device_type;
-  if (backend == BackendKind::kCuda ? (d != 2 && d != 13) : (d != 1 && d != 3)) {
-    throw py::value_error(what + (backend == BackendKind::kCuda
-                                      ? " must be in CUDA memory for the CUDA backend"
-                                      : " must be in host memory for the CPU backend"));
+  const bool cuda = placement.backend == BackendKind::kCuda;
+  if (cuda ? (d != 2 && d != 13) : (d != 1 && d != 3)) {
+    throw py::value_error(what + (cuda ? " must be in CUDA memory for the CUDA backend"
+                                       : " must be in host memory for the CPU backend"));
+  }
+  // Managed memory (13) is reachable from every device; other memory only from its own.
+  if (d != 13 && placement.device_id != Placement::kAnyDevice &&
+      t.device.device_id != placement.device_id) {
+    throw py::value_error(what + " is on device " + std::to_string(t.device.device_id) +
+                          ", the cache on device " + std::to_string(placement.device_id));
   }
   if (t.strides != nullptr) {
     int64_t expect = 1;

@@ -54,12 +54,21 @@ inline PyTensorView ViewOf(const TensorView& v, const py::object& owner) {
   return PyTensorView{v, owner};
 }
 
-// A tensor taken from an object's __dlpack__ without a copy: it must be in the memory of
-// `backend` (host memory for the CPU backend, CUDA memory for the CUDA backend) and C-contiguous,
-// else ValueError naming `what`. Holds the producer's tensor until destroyed.
+// Where a tensor handed to kvtier must live: the backend's memory (host memory for the CPU
+// backend, CUDA memory for the CUDA backend) and, unless kAnyDevice, that DLPack device id (the
+// cache's CUDA device; 0 for host memory).
+struct Placement {
+  static constexpr int32_t kAnyDevice = -1;
+  BackendKind backend = BackendKind::kCpu;
+  int32_t device_id = kAnyDevice;
+};
+
+// A tensor taken from an object's __dlpack__ without a copy: it must be where `placement` says
+// and C-contiguous, else ValueError naming `what` (the tensor left to its producer). Holds the
+// producer's tensor until destroyed.
 class DlpackImport {
  public:
-  DlpackImport(const py::object& obj, BackendKind backend, const std::string& what);
+  DlpackImport(const py::object& obj, const Placement& placement, const std::string& what);
   ~DlpackImport();
   DlpackImport(const DlpackImport&) = delete;
   DlpackImport& operator=(const DlpackImport&) = delete;

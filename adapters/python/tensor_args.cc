@@ -7,9 +7,14 @@ namespace kvtier::python {
 
 using namespace pybind11::literals;
 
-KVSource::KVSource(const py::object& obj, BackendKind backend) {
+Placement PlacementOf(const Cache& cache) {
+  const absl::StatusOr<PoolInfo> pool = cache.GetPool(0, 0);
+  return Placement{cache.options().backend, pool.ok() ? pool->device_id : Placement::kAnyDevice};
+}
+
+KVSource::KVSource(const py::object& obj, const Placement& placement) {
   if (!py::isinstance<py::array>(obj) && py::hasattr(obj, "__dlpack__")) {
-    dlpack_ = std::make_unique<DlpackImport>(obj, backend, "K/V");
+    dlpack_ = std::make_unique<DlpackImport>(obj, placement, "K/V");
     const DLDataType& t = dlpack_->dtype();
     if (t.bits != 16 || t.lanes != 1 || (t.code != 2 && t.code != 4)) {
       throw py::value_error("K/V via DLPack must be float16 or bfloat16");
@@ -19,7 +24,7 @@ KVSource::KVSource(const py::object& obj, BackendKind backend) {
     data_ = dlpack_->data();
     return;
   }
-  if (backend == BackendKind::kCuda) {
+  if (placement.backend == BackendKind::kCuda) {
     throw py::value_error("the CUDA backend takes K/V in CUDA memory (e.g. a torch CUDA tensor)");
   }
   py::module_ np = py::module_::import("numpy");
@@ -68,12 +73,12 @@ std::vector<KVInput> StackedInputs(const KVSource& k, const KVSource& v, const G
   return out;
 }
 
-FloatTensor::FloatTensor(const py::object& obj, BackendKind backend,
+FloatTensor::FloatTensor(const py::object& obj, const Placement& placement,
                          const std::vector<int64_t>& shape, const std::string& name) {
   std::vector<int64_t> got;
   if (py::isinstance<py::array>(obj)) {
     const py::array a = obj.cast<py::array>();
-    if (backend == BackendKind::kCuda) {
+    if (placement.backend == BackendKind::kCuda) {
       throw py::value_error(name + " must be in CUDA memory for the CUDA backend");
     }
     if (!a.dtype().is(py::dtype::of<float>()) ||
@@ -84,7 +89,7 @@ FloatTensor::FloatTensor(const py::object& obj, BackendKind backend,
     data_ = static_cast<float*>(const_cast<void*>(a.data()));
     keep_ = obj;
   } else if (py::hasattr(obj, "__dlpack__")) {
-    dlpack_ = std::make_unique<DlpackImport>(obj, backend, name);
+    dlpack_ = std::make_unique<DlpackImport>(obj, placement, name);
     const DLDataType& t = dlpack_->dtype();
     if (t.code != 2 || t.bits != 32 || t.lanes != 1) {
       throw py::value_error(name + " must be float32");

@@ -19,12 +19,15 @@ namespace kvtier::python {
 
 namespace py = pybind11;
 
+// Where tensors for `cache` must live: its backend's memory, on its device.
+Placement PlacementOf(const Cache& cache);
+
 // K or V input from a numpy array (float16; other dtypes are converted, a copy) or any object
 // with __dlpack__ (float16 or bfloat16, contiguous, on the cache's device: host memory for the
 // CPU backend, CUDA memory for the CUDA backend, whose kernels read the pointer directly).
 class KVSource {
  public:
-  KVSource(const py::object& obj, BackendKind backend);
+  KVSource(const py::object& obj, const Placement& placement);
 
   const void* data() const { return data_; }
   DType dtype() const { return dtype_; }
@@ -52,8 +55,8 @@ std::vector<KVInput> StackedInputs(const KVSource& k, const KVSource& v, const G
 // of `shape`; nothing is converted or copied, so outputs are written where the caller sees them.
 class FloatTensor {
  public:
-  FloatTensor(const py::object& obj, BackendKind backend, const std::vector<int64_t>& shape,
-              const std::string& name);
+  FloatTensor(const py::object& obj, const Placement& placement,
+              const std::vector<int64_t>& shape, const std::string& name);
 
   absl::Span<float> span() const { return absl::MakeSpan(data_, size_); }
 

@@ -81,6 +81,8 @@ struct PoolInfo {
   int64_t v_scale_offset = 0;
   float k_tensor_scale = 1.f;     // for per-tensor codecs: real = stored x scale
   float v_tensor_scale = 1.f;
+  // The CUDA device holding the pool (the one current at Cache::Create); 0 on the CPU backend.
+  int32_t device_id = 0;
 };
 
 // One block of the prefix index (Cache::IndexedBlocks).

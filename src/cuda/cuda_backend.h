@@ -91,13 +91,13 @@ class CudaBackend final : public Backend {
                          absl::Span<const uint32_t> dst_pages) override;
   absl::StatusOr<void*> DeviceNonfiniteCounter(int64_t* nonfinite) override;
   absl::Status JoinStream(void* stream, bool stream_waits) override;
+  int32_t device_id() const override { return device_; }
   bool synchronous() const override { return false; }
   absl::StatusOr<uint64_t> RecordFence() override;
   bool FencePassed(uint64_t fence) override;
 
   // The stream all work goes on (for benchmarks and tests that time or order against it).
   cudaStream_t stream() const { return stream_; }
-  int device() const { return device_; }
   static FastCodecCheck fast_codec_check();
 
  private:

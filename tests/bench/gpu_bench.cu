@@ -705,7 +705,7 @@ void RunDataPlane(cudaStream_t stream, CudaBackend* backend, std::vector<Result>
   Append(stream, backend, 256, 1, "append_fp16_batch256x1", appends);
   Append(stream, backend, 256, 512, "append_fp16_batch256x512", appends);
   int sms = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, backend->device()));
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, backend->device_id()));
   AppendLayers(stream, sms, appends);
 }
 
@@ -726,7 +726,7 @@ int Main(int argc, char** argv) {
   }
   const FastCodecCheck check = CudaBackend::fast_codec_check();
   cudaDeviceProp prop;
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, (*backend)->device()));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, (*backend)->device_id()));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 

@@ -120,5 +120,33 @@ TEST(CudaBackendTest, BadInputTypeIsRejected) {
   EXPECT_EQ((*cache)->WriteKV(0, slots, in).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Pools name the device they live on (views exported through DLPack carry it: a cache made on
+// cuda:1 was exported as cuda:0), and K/V rows, loaded 16 bytes at a time, must start on a
+// 16-byte boundary: one 8 bytes in is refused, nothing written.
+TEST(CudaBackendTest, PoolsNameTheirDeviceAndUnalignedInputIsRefused) {
+  KVTIER_REQUIRE_GPU();
+  int device = -1;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  Options o;
+  o.backend = BackendKind::kCuda;
+  o.geometry = Geometry{1, 1, 16, 16};
+  absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  EXPECT_EQ((*cache)->GetPool(0, 0)->device_id, device);
+  const SequenceId s = (*cache)->AddSequence().value();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE((*cache)->Append(s, 1, &slots).ok());
+  DeviceBuffer k(64), v(64);
+  ASSERT_EQ(cudaMemset(k.data(), 0, 64), cudaSuccess);
+  ASSERT_EQ(cudaMemset(v.data(), 0, 64), cudaSuccess);
+  KVInput in{DType::kFloat16, k.data(), v.data(), 1, 1, 16};
+  in.k = static_cast<const char*>(k.data()) + 8;
+  const absl::Status refused = (*cache)->WriteKV(0, slots, in);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("16-byte aligned"), absl::string_view::npos) << refused;
+  in.k = k.data();
+  EXPECT_TRUE((*cache)->WriteKV(0, slots, in).ok());
+}
+
 }  // namespace
 }  // namespace kvtier::testing

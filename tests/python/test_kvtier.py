@@ -5,6 +5,7 @@ path, and the documentation's snippets (docs/adapters.md).
 Skipped when the module was not built, unless KVTIER_PYTHON_REQUIRED=1 (set by ctest and
 scripts/test.sh), where a missing module is an error. Needs numpy only (no torch).
 """
+import ctypes
 import gc
 import os
 import pathlib
@@ -164,6 +165,69 @@ def test_write_kv_through_dlpack(dlpack_producer):
         cache.write_kv(0, slots, producer, producer)
     gc.collect()
     assert sys.getrefcount(strided) == before
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64)]
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
+
+
+class OnDevice:
+    """A float16 numpy array handed over DLPack as if it lived on DLPack device (type, id)."""
+
+    def __init__(self, a, device_type, device_id):
+        self.a = np.ascontiguousarray(a, np.float16)
+        self.shape = (ctypes.c_int64 * self.a.ndim)(*self.a.shape)
+        self.released = 0
+
+        def release(_):
+            self.released += 1
+
+        self.deleter = _DELETER(release)
+        self.managed = _DLManagedTensor(
+            _DLTensor(self.a.ctypes.data, _DLDevice(device_type, device_id), self.a.ndim,
+                      _DLDataType(2, 16, 1), self.shape, None, 0), None, self.deleter)
+
+    def __dlpack__(self, stream=None):
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(self.managed), b"dltensor", None)
+
+
+def test_dlpack_tensors_on_another_device_are_refused():
+    # A tensor that says it is on another device than the cache's (host memory is device 0; a
+    # CUDA cache compares with its own device) is refused before use, and left to its producer.
+    cache = make_cache()
+    seq, _ = cache.add_sequence()
+    slots = cache.append(seq, 5)
+    k = np.random.default_rng(5).normal(size=(5, H, D)).astype(np.float16)
+    elsewhere = OnDevice(k, 1, 3)
+    with pytest.raises(ValueError, match="on device 3"):
+        cache.write_kv(0, slots, elsewhere, OnDevice(k, 1, 0))
+    assert elsewhere.released == 0
+    here = OnDevice(k, 1, 0)
+    cache.write_kv(0, slots, here, OnDevice(-k, 1, 0))
+    assert here.released == 1  # taken, and released once the call is done
+    rk, rv = cache.read_kv(seq, 0)
+    np.testing.assert_array_equal(rk, k.astype(np.float32))
+    np.testing.assert_array_equal(rv, -k.astype(np.float32))
 
 
 def test_errors_map_to_python_exceptions():

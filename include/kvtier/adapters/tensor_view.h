@@ -32,8 +32,7 @@ struct TensorView {
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // in elements, like torch and DLPack
   BackendKind device = BackendKind::kCpu;
-  // The CUDA device is the one current when the cache was created; kvtier does not record it,
-  // so this is 0 unless the caller sets it.
+  // The CUDA device holding the data (PoolInfo::device_id for a pool's view); 0 on the CPU.
   int32_t device_id = 0;
 
   // Byte offset from `data` of the element at `index` (index.size() == shape.size()).
