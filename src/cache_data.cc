@@ -55,7 +55,7 @@ absl::Status CacheImpl::CheckInput(const KVInput& kv, int64_t num_tokens) const 
   // The CUDA kernels load rows 16 bytes at a time; the CPU reads 2-byte elements.
   const uintptr_t alignment = options_.backend == BackendKind::kCuda ? 16 : 2;
   for (const auto& [name, data] : {std::pair{"k", kv.k}, std::pair{"v", kv.v}}) {
-    if (reinterpret_cast<uintptr_t>(data) % alignment != 0) {
+    if (kv.num_tokens > 0 && reinterpret_cast<uintptr_t>(data) % alignment != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("K/V input: the ", name, " data pointer is not ", alignment, "-byte aligned"));
     }

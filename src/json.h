@@ -1,7 +1,8 @@
-// A small JSON reader for configuration files (policies), strict to RFC 8259: numbers are finite
-// doubles of JSON's grammar (whatever the locale); strings are UTF-8 with every escape (\u
-// surrogate pairs included, as UTF-8) and no raw control character; a member name appears once
-// per object.
+// A small JSON reader for configuration files (policies), strict to RFC 8259's grammar: numbers
+// of JSON's grammar (whatever the locale), read as doubles, and refused outside a double's range
+// (RFC 8259 lets a reader limit it), also where they would round to zero (1e-400); strings are
+// UTF-8 with every escape (\u surrogate pairs included, as UTF-8) and no raw control character;
+// a member name appears once per object.
 //
 // Thread-safe (pure functions).
 #ifndef KVTIER_SRC_JSON_H_

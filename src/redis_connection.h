@@ -4,8 +4,9 @@
 // Status codes that the remote tier counts by kind:
 //   Unavailable       the server cannot be reached, or closed the connection (also during a
 //                     backoff, without trying)
-//   DeadlineExceeded  a connect or send wait ran past the timeout, or a call's replies were not
-//                     all in by the timeout after its commands were sent
+//   DeadlineExceeded  a connect ran past the timeout, or a call's commands were not all sent,
+//                     or its replies not all in, within the timeout plus the transfer's bytes at
+//                     100 MB/s (a server reading or writing a byte at a time is cut)
 //   ResourceExhausted the server refused a write for its maxmemory (an "OOM" error reply)
 //   Internal          any other error reply
 //
@@ -46,11 +47,12 @@ class RedisConnection {
 
   // SET key value. OK when stored.
   absl::Status Set(absl::string_view key, absl::string_view value);
-  // The values of every key, pipelined, in order: nullopt where a key holds none or an empty
-  // string, and at most max_bytes + 1 bytes of each (GETRANGE), so that a value longer than
-  // max_bytes is known as such without being transferred. Another type under a key: Internal.
-  absl::StatusOr<std::vector<std::optional<std::string>>> Get(absl::Span<const std::string> keys,
-                                                              size_t max_bytes);
+  // The values of every key, pipelined, into *values in order: nullopt where a key holds none
+  // or an empty string, and at most max_bytes + 1 bytes of each (GETRANGE), so that a value
+  // longer than max_bytes is known as such without being transferred. Another type under a key:
+  // Internal. On an error *values holds the replies that did arrive, a prefix of the keys'.
+  absl::Status Get(absl::Span<const std::string> keys, size_t max_bytes,
+                   std::vector<std::optional<std::string>>* values);
 
   bool connected() const { return context_ != nullptr; }
   // Connections made after the first.
@@ -64,16 +66,22 @@ class RedisConnection {
   absl::Status Fail(absl::string_view during);
   // Drops the connection (backing off before the next) and returns `why`.
   absl::Status Drop(absl::Status why);
-  // Reads until one whole reply is buffered: *reply. Past `deadline` (a server sending a byte
-  // at a time never trips a per-read timeout) the connection is dropped, its replies out of
-  // step: DeadlineExceeded.
+  // The time a call moving `bytes` one way may take: the timeout plus the bytes at 100 MB/s.
+  std::chrono::milliseconds Budget(size_t bytes) const;
+  // Drops the connection, its replies out of step: DeadlineExceeded for `during`.
+  absl::Status TimedOut(absl::string_view during);
+  // Writes the queued commands, `bytes` of arguments, within Budget(bytes) (a server reading a
+  // byte at a time never trips a per-write timeout).
+  absl::Status Send(size_t bytes);
+  // Reads until one whole reply is buffered: *reply; past `deadline`, TimedOut.
   absl::Status NextReply(Clock::time_point deadline, void** reply);
-  // Sends the queued commands of `count` replies and reads them; retries once on a fresh
-  // connection when a connection that had worked before turns out closed.
+  // Sends `commands` and reads one entry per reply into *values (a string's value, else
+  // nullopt), all within Budget(reply_bytes) of the sending; retries once on a fresh connection
+  // when a connection that had worked before turns out closed.
   absl::Status Exchange(const std::vector<std::vector<absl::string_view>>& commands,
-                        std::vector<std::optional<std::string>>* values);
+                        size_t reply_bytes, std::vector<std::optional<std::string>>* values);
   absl::Status ExchangeOnce(const std::vector<std::vector<absl::string_view>>& commands,
-                            std::vector<std::optional<std::string>>* values);
+                            size_t reply_bytes, std::vector<std::optional<std::string>>* values);
 
   const RedisAddress address_;
   const int timeout_ms_;

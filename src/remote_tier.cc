@@ -125,17 +125,17 @@ std::vector<std::string> RemoteTier::Lookup(absl::Span<const uint64_t> hashes) {
     for (size_t i = at; i < std::min(hashes.size(), at + kLookupWindow); ++i) {
       keys.push_back(RemoteKey(identity_, hashes[i]));
     }
-    absl::StatusOr<std::vector<std::optional<std::string>>> values =
-        lookup_.Get(keys, max_value_bytes_);
-    if (!values.ok()) {
-      CountFailure(values.status());
+    std::vector<std::optional<std::string>> values;
+    const absl::Status s = lookup_.Get(keys, max_value_bytes_, &values);
+    size_t hits = 0;  // the whole replies before a miss, an error or a cut
+    while (hits < values.size() && values[hits].has_value()) {
+      found.push_back(*std::move(values[hits++]));
+    }
+    if (!s.ok()) {
+      CountFailure(s);
       break;
     }
-    size_t hits = 0;
-    while (hits < values->size() && (*values)[hits].has_value()) {
-      found.push_back(*std::move((*values)[hits++]));
-    }
-    if (hits < values->size()) break;
+    if (hits < keys.size()) break;
   }
   lookup_connected_.store(lookup_.connected(), std::memory_order_relaxed);
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;

@@ -71,8 +71,9 @@ DlpackImport::DlpackImport(const py::object& obj, const Placement& placement,
     throw py::value_error(what + (cuda ? " must be in CUDA memory for the CUDA backend"
                                        : " must be in host memory for the CPU backend"));
   }
-  // Managed memory (13) is reachable from every device; other memory only from its own.
-  if (d != 13 && placement.device_id != Placement::kAnyDevice &&
+  // CUDA memory (2) is the cache's device's only, CPU memory (1) is device 0 by DLPack's rule;
+  // pinned host (3) and managed (13) memory are reachable from every device.
+  if ((d == 1 || d == 2) && placement.device_id != Placement::kAnyDevice &&
       t.device.device_id != placement.device_id) {
     throw py::value_error(what + " is on device " + std::to_string(t.device.device_id) +
                           ", the cache on device " + std::to_string(placement.device_id));

@@ -49,16 +49,17 @@ py::array_t<T> ToNumpy(const std::vector<T>& v, std::vector<py::ssize_t> shape =
   return a;
 }
 
-// A 1-D array-like of numbers as a vector of T. For an integral T (slots, counts, token ids):
-// integers only, each in T's range, else TypeError or ValueError; a float would be truncated, an
-// int64 token id wrapped into another token. None and empty inputs give an empty vector.
+// A 1-D array-like of numbers (or one number) as a vector of T. For an integral T (slots,
+// counts, token ids): integers only, each in T's range, else TypeError or ValueError; a float
+// would be truncated, an int64 token id wrapped into another token. None and empty inputs give
+// an empty vector.
 template <typename T>
 std::vector<T> FromArray(const py::handle& obj) {
   if (obj.is_none()) return {};
   const py::array any = py::array::ensure(obj);
   if (!any) throw py::type_error("expected an array-like of numbers");
   if (any.size() == 0) return {};
-  if (any.ndim() != 1) {
+  if (any.ndim() > 1) {
     throw py::value_error("expected a 1-D array, got " + std::to_string(any.ndim()) +
                           " dimensions");
   }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "gtest/gtest.h"
 #include "kvtier/cache.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -125,7 +126,10 @@ TEST(CudaBackendTest, BadInputTypeIsRejected) {
 // 16-byte boundary: one 8 bytes in is refused, nothing written.
 TEST(CudaBackendTest, PoolsNameTheirDeviceAndUnalignedInputIsRefused) {
   KVTIER_REQUIRE_GPU();
-  int device = -1;
+  int devices = 0, device = -1;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices > 1) ASSERT_EQ(cudaSetDevice(1), cudaSuccess);  // where the old views said 0
+  absl::Cleanup back_to_0 = [] { cudaSetDevice(0); };
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   Options o;
   o.backend = BackendKind::kCuda;

@@ -260,7 +260,10 @@ def test_errors_map_to_python_exceptions():
         cache.append_tokens(tail, np.array([2 ** 63 + 1], np.uint64))
     with pytest.raises(ValueError, match="1-D"):
         cache.add_sequence(prompt=np.zeros((2, 3), np.int32))
+    with pytest.raises(TypeError, match="integers"):
+        cache.append_batch([tail], np.array([True]))
     assert cache.append_batch([tail], [1]).shape == (1,)  # a list of Python ints is fine
+    assert cache.append_batch([tail], 1).shape == (1,)  # and one int, a list of one
 
 
 def test_refusals_name_the_format_and_the_target():
