@@ -26,9 +26,14 @@ void PrefixIndex::Rehash(size_t slots) {
 }
 
 bool PrefixIndex::Insert(uint64_t hash, uint32_t block) {
-  if (Find(hash) != kNone) return false;
-  if (2 * (size_ + 1) >= slots_.size()) Rehash(absl::bit_ceil(4 * (size_ + 1)));
-  slots_[SlotOf(hash)] = Entry{hash, block};
+  if (slots_.empty()) Rehash(4);
+  size_t slot = SlotOf(hash);
+  if (slots_[slot].block != kNone) return false;
+  if (2 * (size_ + 1) >= slots_.size()) {
+    Rehash(absl::bit_ceil(4 * (size_ + 1)));
+    slot = SlotOf(hash);
+  }
+  slots_[slot] = Entry{hash, block};
   size_ += 1;
   return true;
 }

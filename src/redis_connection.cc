@@ -135,12 +135,17 @@ absl::Status RedisConnection::TimedOut(absl::string_view during) {
       timeout_ms_, " ms and the transfer's allowance")));
 }
 
+absl::Status RedisConnection::Arm(Clock::time_point deadline, absl::string_view during) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) return TimedOut(during);
+  redisSetTimeout(context_, Timeval(static_cast<int>(left.count())));
+  return absl::OkStatus();
+}
+
 absl::Status RedisConnection::Send(size_t bytes) {
   const Clock::time_point deadline = Clock::now() + Budget(bytes);
   for (int written = 0; !written;) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return TimedOut("send");
-    redisSetTimeout(context_, Timeval(static_cast<int>(left.count())));
+    if (absl::Status s = Arm(deadline, "send"); !s.ok()) return s;
     if (redisBufferWrite(context_, &written) != REDIS_OK) return Fail("send");
   }
   return absl::OkStatus();
@@ -150,9 +155,7 @@ absl::Status RedisConnection::NextReply(Clock::time_point deadline, void** reply
   for (;;) {
     if (redisGetReplyFromReader(context_, reply) != REDIS_OK) return Fail("reply");
     if (*reply != nullptr) return absl::OkStatus();
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) return TimedOut("reply");
-    redisSetTimeout(context_, Timeval(static_cast<int>(left.count())));
+    if (absl::Status s = Arm(deadline, "reply"); !s.ok()) return s;
     if (redisBufferRead(context_) != REDIS_OK) return Fail("reply");
   }
 }

@@ -70,6 +70,8 @@ class RedisConnection {
   std::chrono::milliseconds Budget(size_t bytes) const;
   // Drops the connection, its replies out of step: DeadlineExceeded for `during`.
   absl::Status TimedOut(absl::string_view during);
+  // Sets the socket's timeout to what is left until `deadline`; TimedOut when nothing is.
+  absl::Status Arm(Clock::time_point deadline, absl::string_view during);
   // Writes the queued commands, `bytes` of arguments, within Budget(bytes) (a server reading a
   // byte at a time never trips a per-write timeout).
   absl::Status Send(size_t bytes);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/page_layout.h"
 #include "xxhash.h"
 
 namespace kvtier {
@@ -91,6 +92,16 @@ uint64_t RemoteIdentity(const Options& options) {
     Put(&bytes, end + 23, options.key_rotation_seed, 8);
   }
   return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+uint32_t LargestPageBytes(const Options& options) {
+  const Geometry& g = options.geometry;
+  uint32_t page_bytes = 0;
+  for (const FormatSpec& f : options.palette) {
+    page_bytes = std::max(
+        page_bytes, MakePageLayout(g.num_kv_heads, g.block_tokens, g.head_dim, f).page_bytes);
+  }
+  return page_bytes;
 }
 
 std::string RemoteKey(uint64_t identity, uint64_t block_hash) {

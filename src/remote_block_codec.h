@@ -53,6 +53,10 @@ struct RemoteBlockSpec {
 };
 
 uint64_t RemoteIdentity(const Options& options);
+
+// The largest page of the palette's formats: a staging slot, and per layer the longest payload
+// a value of this cache holds.
+uint32_t LargestPageBytes(const Options& options);
 std::string RemoteKey(uint64_t identity, uint64_t block_hash);
 
 // Makes `value`, whose bytes from kRemoteHeaderBytes on hold the payload of block

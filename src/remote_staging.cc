@@ -1,11 +1,10 @@
 #include "src/remote_staging.h"
 
-#include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/page_layout.h"
+#include "src/remote_block_codec.h"
 
 namespace kvtier {
 namespace {
@@ -17,11 +16,7 @@ constexpr std::chrono::milliseconds kFenceWait{2000};
 absl::StatusOr<std::unique_ptr<RemoteStaging>> RemoteStaging::Create(const Options& options,
                                                                      Backend* backend) {
   const Geometry& g = options.geometry;
-  uint32_t slot_bytes = 0;
-  for (const FormatSpec& f : options.palette) {
-    slot_bytes = std::max<uint32_t>(
-        slot_bytes, MakePageLayout(g.num_kv_heads, g.block_tokens, g.head_dim, f).page_bytes);
-  }
+  const uint32_t slot_bytes = LargestPageBytes(options);
   const size_t bytes = options.slab_bytes * g.num_layers;
   absl::StatusOr<uint8_t*> base = backend->ReserveHost(bytes);
   if (!base.ok()) return base.status();

@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 
-#include "kernels/page_layout.h"
 #include "src/remote_block_codec.h"
 
 namespace kvtier {
@@ -28,16 +27,6 @@ const char* KindName(RemoteTier::Counter kind) {
   }
 }
 
-size_t LargestValueBytes(const Options& o) {
-  const Geometry& g = o.geometry;
-  uint32_t page_bytes = 0;
-  for (const FormatSpec& f : o.palette) {
-    page_bytes = std::max(
-        page_bytes, MakePageLayout(g.num_kv_heads, g.block_tokens, g.head_dim, f).page_bytes);
-  }
-  return kRemoteHeaderBytes + size_t{page_bytes} * static_cast<size_t>(g.num_layers);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const Options& options) {
@@ -51,7 +40,8 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const Options& op
 
 RemoteTier::RemoteTier(const Options& options, RedisAddress address)
     : identity_(RemoteIdentity(options)),
-      max_value_bytes_(LargestValueBytes(options)),
+      max_value_bytes_(kRemoteHeaderBytes + size_t{LargestPageBytes(options)} *
+                                                static_cast<size_t>(options.geometry.num_layers)),
       timeout_(options.remote_timeout_ms),
       queue_capacity_(static_cast<size_t>(options.remote_write_queue_blocks)),
       lookup_(address, options.remote_timeout_ms),
