@@ -10,7 +10,9 @@
 # (scripts/gpu_bundle.sh). ROUNDS (default 3); BUILDS (default all): the variant names to time,
 # in that order. Writes every run's rows to $OUT/ab.json (AB_NAME.json with AB_NAME set) and
 # prints the table (builds that split a shape differently on one line, with their split counts),
-# then each variant row's cost over its plain row (page weights, rotation).
+# then each variant row's cost over its plain row (page weights, rotation). AB_DEADLINE
+# (seconds, Default: none): shapes not started by then are skipped, so that a device call's
+# limit never loses the shapes already timed.
 # With the device tool:
 #   run(command="bash scripts/gpu_ab.sh variants 'fp16 1 8192'", carry=["bundle/lib", "variants"])
 set -uo pipefail
@@ -34,6 +36,10 @@ for name in $names; do
   list+=("$bins/$name")
 done
 for shape in "$@"; do
+  if [ -n "${AB_DEADLINE:-}" ] && [ "$SECONDS" -ge "$AB_DEADLINE" ]; then
+    echo "skipped (AB_DEADLINE ${AB_DEADLINE} s): $shape"
+    continue
+  fi
   if [ "$shape" = data-plane ]; then
     args=(--data-plane-only)
   else
