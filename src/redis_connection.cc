@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "src/echo.h"
+#include "src/host_lookup.h"
 
 namespace kvtier {
 namespace {
@@ -78,7 +79,7 @@ absl::StatusOr<RedisAddress> ParseRedisUrl(absl::string_view url) {
 }
 
 RedisConnection::RedisConnection(RedisAddress address, int timeout_ms)
-    : address_(std::move(address)), timeout_ms_(timeout_ms) {}
+    : address_(std::move(address)), timeout_ms_(timeout_ms), lookup_(address_.host) {}
 
 RedisConnection::~RedisConnection() {
   if (context_ != nullptr) redisFree(context_);
@@ -91,21 +92,46 @@ absl::Status RedisConnection::Connect() {
     return absl::UnavailableError(absl::StrCat("redis://", address_.host, ":", address_.port,
                                                " unreachable; retrying later"));
   }
-  context_ = redisConnectWithTimeout(address_.host.c_str(), address_.port, Timeval(timeout_ms_));
-  if (context_ == nullptr) {
-    retry_at_ = now + kMaxBackoff;
-    return absl::UnavailableError("hiredis could not allocate a context");
+  // The name's lookup and the connects to its addresses share the timeout.
+  const Clock::time_point deadline = now + std::chrono::milliseconds(timeout_ms_);
+  const absl::StatusOr<std::vector<std::string>> addresses =
+      lookup_.Addresses(std::chrono::milliseconds(timeout_ms_));
+  if (!addresses.ok()) {
+    const absl::Status& s = addresses.status();
+    const absl::StatusCode code =
+        absl::IsDeadlineExceeded(s) ? s.code() : absl::StatusCode::kUnavailable;
+    return Drop(absl::Status(
+        code, absl::StrCat("redis://", address_.host, ":", address_.port, ": ", s.message())));
   }
-  if (context_->err == 0 && redisSetTimeout(context_, Timeval(timeout_ms_)) == REDIS_OK) {
-    reconnects_ += ever_connected_ ? 1 : 0;
-    ever_connected_ = true;
-    backoff_ = std::chrono::milliseconds{0};
-    return absl::OkStatus();
+  absl::Status why;
+  for (const std::string& address : *addresses) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      why = absl::DeadlineExceededError(absl::StrCat("redis://", address_.host, ":",
+                                                     address_.port, " connect: timed out"));
+      break;
+    }
+    context_ = redisConnectWithTimeout(address.c_str(), address_.port,
+                                       Timeval(static_cast<int>(left)));
+    if (context_ == nullptr) {
+      retry_at_ = now + kMaxBackoff;
+      return absl::UnavailableError("hiredis could not allocate a context");
+    }
+    if (context_->err == 0 && redisSetTimeout(context_, Timeval(timeout_ms_)) == REDIS_OK) {
+      reconnects_ += ever_connected_ ? 1 : 0;
+      ever_connected_ = true;
+      backoff_ = std::chrono::milliseconds{0};
+      return absl::OkStatus();
+    }
+    why = Error("connect");  // the next address, if any
+    redisFree(context_);
+    context_ = nullptr;
   }
-  return Fail("connect");
+  return Drop(why);
 }
 
-absl::Status RedisConnection::Fail(absl::string_view during) {
+absl::Status RedisConnection::Error(absl::string_view during) const {
   const int saved_errno = errno;
   const std::string what = absl::StrCat("redis://", address_.host, ":", address_.port, " ",
                                         during, ": ", context_->errstr);
@@ -113,7 +139,11 @@ absl::Status RedisConnection::Fail(absl::string_view during) {
                          (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK ||
                           saved_errno == ETIMEDOUT || saved_errno == EINPROGRESS ||
                           absl::StrContains(context_->errstr, "timed out"));
-  return Drop(timed_out ? absl::DeadlineExceededError(what) : absl::UnavailableError(what));
+  return timed_out ? absl::DeadlineExceededError(what) : absl::UnavailableError(what);
+}
+
+absl::Status RedisConnection::Fail(absl::string_view during) {
+  return Drop(Error(during));
 }
 
 absl::Status RedisConnection::Drop(absl::Status why) {

@@ -2,11 +2,13 @@
 // server is bounded by a timeout, a lost connection is made again on a later call (after a
 // backoff that doubles from 50 ms to 2 s while the server stays unreachable), and failures are
 // Status codes that the remote tier counts by kind:
-//   Unavailable       the server cannot be reached, or closed the connection (also during a
-//                     backoff, without trying)
-//   DeadlineExceeded  a connect ran past the timeout, or a call's commands were not all sent,
-//                     or its replies not all in, within the timeout plus the transfer's bytes at
-//                     100 MB/s (a server reading or writing a byte at a time is cut)
+//   Unavailable       the server cannot be reached, its name has no address, or it closed the
+//                     connection (also during a backoff, without trying)
+//   DeadlineExceeded  a connect ran past the timeout (a host name's lookup included: it goes on
+//                     alone, and a later connect takes its answer; src/host_lookup.h), or a
+//                     call's commands were not all sent, or its replies not all in, within the
+//                     timeout plus the transfer's bytes at 100 MB/s (a server reading or
+//                     writing a byte at a time is cut)
 //   ResourceExhausted the server refused a write for its maxmemory (an "OOM" error reply)
 //   Internal          any other error reply
 //
@@ -24,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "src/host_lookup.h"
 
 struct redisContext;
 
@@ -62,9 +65,12 @@ class RedisConnection {
   using Clock = std::chrono::steady_clock;
   // Connects unless connected; Unavailable during a backoff.
   absl::Status Connect();
-  // Drops the connection after `error` (from context_) and returns it as a Status.
+  // The error of context_ (and errno) during `during` as a Status: DeadlineExceeded for a
+  // timeout, else Unavailable.
+  absl::Status Error(absl::string_view during) const;
+  // Drops the connection after Error(during) and returns it.
   absl::Status Fail(absl::string_view during);
-  // Drops the connection (backing off before the next) and returns `why`.
+  // Drops the connection, if any (backing off before the next), and returns `why`.
   absl::Status Drop(absl::Status why);
   // The time a call moving `bytes` one way may take: the timeout plus the bytes at 100 MB/s.
   std::chrono::milliseconds Budget(size_t bytes) const;
@@ -87,6 +93,7 @@ class RedisConnection {
 
   const RedisAddress address_;
   const int timeout_ms_;
+  HostLookup lookup_;
   redisContext* context_ = nullptr;
   bool ever_connected_ = false;
   int64_t reconnects_ = 0;

@@ -347,6 +347,18 @@ TEST(RedisConnectionTest, AReplyTrickledAByteAtATimeIsCutAtTheTimeout) {
   EXPECT_LT(took, std::chrono::milliseconds(500));
 }
 
+// A host name is resolved (within the timeout) and its addresses tried in turn: "localhost"
+// reaches the server, which listens on 127.0.0.1 alone. A name with no address is Unavailable.
+TEST_F(RemoteTierTest, AHostNameReachesTheServerAndANameWithNoAddressIsUnavailable) {
+  RedisConnection by_name(RedisAddress{"localhost", server_.port()}, 1000);
+  EXPECT_TRUE(by_name.Set("kvtier-test-key", "value").ok());
+  EXPECT_EQ(server_.Command({"GET", "kvtier-test-key"}), "value");
+  RedisConnection nowhere(RedisAddress{"kvtier-no-such-host.invalid", server_.port()}, 3000);
+  const absl::Status s = nowhere.Set("k", "v");
+  EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_FALSE(nowhere.connected());
+}
+
 TEST_F(RemoteTierTest, ModelsNeverReadEachOthersBlocks) {
   Options o = RemoteOptions(server_.url());
   auto a = Make(o);
