@@ -30,8 +30,12 @@ bool IsNumericAddress(const std::string& host) {
 struct HostLookup::Lookup {
   std::mutex mu;
   std::condition_variable answered;
-  bool done = false;  // guarded by mu, as are status and addresses
-  absl::Status status;
+  // Guarded by mu. The resolver's status as its code and message: an absl::Status shared
+  // between threads has its reference count in Abseil's library, which ThreadSanitizer does not
+  // see (src/mutex.h).
+  bool done = false;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  std::string message;
   std::vector<std::string> addresses;
 };
 
@@ -82,7 +86,8 @@ absl::StatusOr<std::vector<std::string>> HostLookup::Addresses(std::chrono::mill
       std::thread([lookup, host = host_, resolve = resolve_] {
         absl::StatusOr<std::vector<std::string>> result = resolve(host);
         std::lock_guard<std::mutex> lock(lookup->mu);
-        lookup->status = result.status();
+        lookup->code = result.status().code();
+        lookup->message = std::string(result.status().message());
         if (result.ok()) lookup->addresses = *std::move(result);
         lookup->done = true;
         lookup->answered.notify_all();
@@ -97,11 +102,14 @@ absl::StatusOr<std::vector<std::string>> HostLookup::Addresses(std::chrono::mill
     return absl::DeadlineExceededError(absl::StrCat("resolving host ", Echo(host_), " took over ",
                                                     limit.count(), " ms; still trying"));
   }
-  const absl::Status status = in_flight_->status;
+  const absl::Status status(in_flight_->code, in_flight_->message);
   std::vector<std::string> addresses = std::move(in_flight_->addresses);
   lock.unlock();
   in_flight_.reset();
   if (!status.ok()) return status;
+  if (addresses.empty()) {
+    return absl::NotFoundError(absl::StrCat("host ", Echo(host_), " has no address"));
+  }
   return addresses;
 }
 

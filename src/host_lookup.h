@@ -34,7 +34,8 @@ class HostLookup {
 
   // The numeric addresses of the host: a numeric IPv4 or IPv6 address as it is, at once; a name
   // from the lookup in flight (started now if none is) within `limit`, else DeadlineExceeded,
-  // the lookup left in flight for the next call. Errors of the resolver as they are.
+  // the lookup left in flight for the next call. Errors of the resolver as they are; NotFound
+  // for an empty answer. Never an empty list.
   absl::StatusOr<std::vector<std::string>> Addresses(std::chrono::milliseconds limit);
 
  private:

@@ -92,8 +92,7 @@ absl::Status RedisConnection::Connect() {
     return absl::UnavailableError(absl::StrCat("redis://", address_.host, ":", address_.port,
                                                " unreachable; retrying later"));
   }
-  // The name's lookup and the connects to its addresses share the timeout.
-  const Clock::time_point deadline = now + std::chrono::milliseconds(timeout_ms_);
+  // The name's lookup, then the connects to its addresses, each within the timeout.
   const absl::StatusOr<std::vector<std::string>> addresses =
       lookup_.Addresses(std::chrono::milliseconds(timeout_ms_));
   if (!addresses.ok()) {
@@ -103,6 +102,7 @@ absl::Status RedisConnection::Connect() {
     return Drop(absl::Status(
         code, absl::StrCat("redis://", address_.host, ":", address_.port, ": ", s.message())));
   }
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
   absl::Status why;
   for (const std::string& address : *addresses) {
     const auto left =

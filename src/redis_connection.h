@@ -4,11 +4,11 @@
 // Status codes that the remote tier counts by kind:
 //   Unavailable       the server cannot be reached, its name has no address, or it closed the
 //                     connection (also during a backoff, without trying)
-//   DeadlineExceeded  a connect ran past the timeout (a host name's lookup included: it goes on
-//                     alone, and a later connect takes its answer; src/host_lookup.h), or a
-//                     call's commands were not all sent, or its replies not all in, within the
-//                     timeout plus the transfer's bytes at 100 MB/s (a server reading or
-//                     writing a byte at a time is cut)
+//   DeadlineExceeded  a host name's lookup ran past the timeout (it goes on alone, and a later
+//                     connect takes its answer; src/host_lookup.h), or the connects to its
+//                     addresses past the timeout after it, or a call's commands were not all
+//                     sent, or its replies not all in, within the timeout plus the transfer's
+//                     bytes at 100 MB/s (a server reading or writing a byte at a time is cut)
 //   ResourceExhausted the server refused a write for its maxmemory (an "OOM" error reply)
 //   Internal          any other error reply
 //

@@ -353,7 +353,7 @@ TEST_F(RemoteTierTest, AHostNameReachesTheServerAndANameWithNoAddressIsUnavailab
   RedisConnection by_name(RedisAddress{"localhost", server_.port()}, 1000);
   EXPECT_TRUE(by_name.Set("kvtier-test-key", "value").ok());
   EXPECT_EQ(server_.Command({"GET", "kvtier-test-key"}), "value");
-  RedisConnection nowhere(RedisAddress{"kvtier-no-such-host.invalid", server_.port()}, 3000);
+  RedisConnection nowhere(RedisAddress{"kvtier-no-such-host.invalid.", server_.port()}, 3000);
   const absl::Status s = nowhere.Set("k", "v");
   EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
   EXPECT_FALSE(nowhere.connected());

@@ -110,9 +110,9 @@ struct Options {
   // at different geometries) never read each other's blocks. REQUIRES: at most 256 bytes.
   // Default: "".
   std::string remote_model_id;
-  // Bounds every Redis call (connect, a host name's resolution included; the lookup of one
-  // AddSequence; one write), milliseconds: AddSequence may wait this long when the local tiers
-  // miss. REQUIRES: 1 to 10000.
+  // Bounds every Redis call (connect; the lookup of one AddSequence; one write), milliseconds:
+  // AddSequence may wait this long when the local tiers miss, twice when it connects to a host
+  // name (its resolution first). REQUIRES: 1 to 10000.
   // Default: 20.
   int32_t remote_timeout_ms = 20;
   // Blocks waiting to be written to Redis; a block published when the queue is full is not
