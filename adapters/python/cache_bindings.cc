@@ -287,7 +287,10 @@ void BindData(CacheClass& cache) {
            "layer"_a, "slots"_a, "k"_a, "v"_a,
            "Writes K/V [tokens, num_kv_heads, head_dim]: numpy (float16; other dtypes are "
            "converted, a copy; CPU backend) or any float16/bfloat16 object with __dlpack__ on "
-           "the cache's device.")
+           "the cache's device. On CUDA the write is queued on the cache's stream, which the "
+           "legacy default stream (torch's default) is ordered with; a tensor of another "
+           "stream must stay alive and unchanged until the device has done the write (for "
+           "example until torch.cuda.synchronize()).")
       .def("read_kv",
            [](const PyCache& c, SequenceId seq, int32_t layer) {
              const Geometry& g = c.geometry();
