@@ -33,35 +33,87 @@ constexpr int kMergeWarps = attention::kMergeThreads / 32;
 static_assert(kWeightEntries <= kMergeWarps * 32, "a thread per entry in the block's reduction");
 using attention::kLog2e;
 
-// The final LSE (natural log) of output row `row` of a split launch, from its splits' partial
-// LSEs in the workspace, by the merge's rules: NaN for a NaN or +inf part, -inf when every part
-// is empty. REQUIRES: every lane of the warp calls it; all get the LSE.
-__device__ __forceinline__ float SplitLse(const PagedDecodeParams& p, int64_t row, int lane) {
-  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
-  const float* s = p.workspace + static_cast<int64_t>(p.num_splits) * rows * kDecodeHeadDim + row;
-  float m = -INFINITY;
-  bool nan = false;
-  for (int k = lane; k < p.num_splits; k += 32) {
-    const float x = s[k * rows];
-    nan |= isnan(x);
-    m = fmaxf(m, x);
+// Parts of a split launch whose partial LSEs a lane loads for kHeadsAtOnce rows at once (SplitLses):
+// up to 32 * kPartRounds splits are one round trip to memory.
+constexpr int kPartRounds = 4;
+
+// x[r][i] = the partial LSE of part k0 + 32 r of row row + i, from the splits' partial LSEs at
+// s (row 0's), or -inf for a part past num_splits or a row from `heads` on: a round of loads, all
+// issued before any is used.
+__device__ __forceinline__ void LoadPartLses(const float* s, int64_t rows, int k0, int num_splits,
+                                             int heads, float (&x)[kPartRounds][kHeadsAtOnce]) {
+#pragma unroll
+  for (int r = 0; r < kPartRounds; ++r) {
+#pragma unroll
+    for (int i = 0; i < kHeadsAtOnce; ++i) {
+      const int k = k0 + 32 * r;
+      x[r][i] = k < num_splits && i < heads ? s[k * rows + i] : -INFINITY;
+    }
   }
-#pragma unroll
-  for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));
-  if (__any_sync(0xFFFFFFFFu, nan) || m == INFINITY) return NAN;
-  if (m == -INFINITY) return -INFINITY;
-  float total = 0.f;
-  for (int k = lane; k < p.num_splits; k += 32) total += expf(s[k * rows] - m);
-#pragma unroll
-  for (int d = 16; d > 0; d /= 2) total += __shfl_xor_sync(0xFFFFFFFFu, total, d);
-  return m + logf(total);
 }
 
-// The final LSE of output row `row` (kSplit: from the splits' partial LSEs, else p.lse[row]).
-// REQUIRES: with kSplit, every lane of the warp calls it.
+// The final LSEs (natural log) of output rows row ... row + kHeadsAtOnce - 1 of a split launch
+// (those from `heads` on: NaN), from the splits' partial LSEs, by the merge's rules: NaN for a NaN
+// or +inf part, -inf when every part is empty. A lane loads its parts of all the rows before it
+// reduces any (a warp-wide max, then a sum of exp(x - max), each lane's parts in order), so that
+// the rows share their round trips to memory: at batch 1 the weights blocks' chain of these
+// trips, not their bytes, bounds the merge's grid. REQUIRES: every lane of the warp calls it.
+__device__ __forceinline__ void SplitLses(const PagedDecodeParams& p, int64_t row, int heads,
+                                          int lane, float (&l)[kHeadsAtOnce]) {
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
+  const float* s = p.workspace + static_cast<int64_t>(p.num_splits) * rows * kDecodeHeadDim + row;
+  float m[kHeadsAtOnce], total[kHeadsAtOnce];
+  bool nan[kHeadsAtOnce];
+#pragma unroll
+  for (int i = 0; i < kHeadsAtOnce; ++i) m[i] = -INFINITY, total[i] = 0.f, nan[i] = false;
+  for (int k0 = lane; k0 < p.num_splits; k0 += 32 * kPartRounds) {
+    float x[kPartRounds][kHeadsAtOnce];
+    LoadPartLses(s, rows, k0, p.num_splits, heads, x);
+#pragma unroll
+    for (int r = 0; r < kPartRounds; ++r) {
+#pragma unroll
+      for (int i = 0; i < kHeadsAtOnce; ++i) nan[i] |= isnan(x[r][i]), m[i] = fmaxf(m[i], x[r][i]);
+    }
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) {
+#pragma unroll
+    for (int i = 0; i < kHeadsAtOnce; ++i) m[i] = fmaxf(m[i], __shfl_xor_sync(0xFFFFFFFFu, m[i], d));
+  }
+  // A part past the last adds exp(-inf) = +0, which leaves each lane's sum as it was.
+  for (int k0 = lane; k0 < p.num_splits; k0 += 32 * kPartRounds) {
+    float x[kPartRounds][kHeadsAtOnce];
+    LoadPartLses(s, rows, k0, p.num_splits, heads, x);
+#pragma unroll
+    for (int r = 0; r < kPartRounds; ++r) {
+#pragma unroll
+      for (int i = 0; i < kHeadsAtOnce; ++i) total[i] += expf(x[r][i] - m[i]);
+    }
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) {
+#pragma unroll
+    for (int i = 0; i < kHeadsAtOnce; ++i) total[i] += __shfl_xor_sync(0xFFFFFFFFu, total[i], d);
+  }
+#pragma unroll
+  for (int i = 0; i < kHeadsAtOnce; ++i) {
+    const bool bad = __any_sync(0xFFFFFFFFu, nan[i]) || m[i] == INFINITY;
+    l[i] = i >= heads || bad ? NAN : m[i] == -INFINITY ? -INFINITY : m[i] + logf(total[i]);
+  }
+}
+
+// The final LSEs of output rows row ... row + kHeadsAtOnce - 1, those from `heads` on NaN (kSplit:
+// from the splits' partial LSEs, else from p.lse). REQUIRES: with kSplit, every lane of the warp
+// calls it.
 template <bool kSplit>
-__device__ __forceinline__ float FinalLse(const PagedDecodeParams& p, int64_t row, int lane) {
-  return kSplit ? SplitLse(p, row, lane) : p.lse[row];
+__device__ __forceinline__ void FinalLses(const PagedDecodeParams& p, int64_t row, int heads,
+                                          int lane, float (&l)[kHeadsAtOnce]) {
+  if constexpr (kSplit) {
+    SplitLses(p, row, heads, lane, l);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kHeadsAtOnce; ++i) l[i] = i < heads ? p.lse[row + i] : NAN;
+  }
 }
 
 // A page's LSEs of kHeadsAtOnce query heads from `at` on; those of heads >= `heads` are never
@@ -88,7 +140,8 @@ __device__ __forceinline__ int2 EntriesOf(const PagedDecodeParams& p, int b) {
   return make_int2(first, p.packed_indptr[b + 1] - first);
 }
 
-// Weights block x of sequence b, of kWarps warps: entries x * kWeightEntries ... (kSplit: the
+// Weights block x of sequence b, of kWarps warps: entries x * kWeightEntries ... of the KV heads
+// kv_first + warp, kv_first + warp + kv_step, ... (kSplit: the
 // final LSEs from the splits' partial ones, else from p.lse; kKeptInL2: the page LSEs were stored
 // with PageLse::kKeptInL2, and are read as streaming; kQuads: a page's row of LSEs (PageLseRow)
 // is a multiple of 4 floats and p.page_lse 16-byte aligned). A lane loads the final LSEs of
@@ -98,7 +151,7 @@ __device__ __forceinline__ int2 EntriesOf(const PagedDecodeParams& p, int b) {
 // WaitForPriorKernels.
 template <int kWarps, bool kSplit, bool kKeptInL2, bool kQuads>
 __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, int b,
-                                             int2 entries) {
+                                             int2 entries, int kv_first, int kv_step) {
   __shared__ float warp_weight[kWarps][kWeightEntries];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int first = entries.x, pages = entries.y;
@@ -112,15 +165,10 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
 #pragma unroll
   for (int r = 0; r < kWeightRounds; ++r) page[r] = min(block_page + lane + 32 * r, pages - 1);
   float weight[kWeightRounds] = {};
-  for (int kv = warp; kv < p.num_kv_heads; kv += kWarps) {
+  for (int kv = kv_first + warp; kv < p.num_kv_heads; kv += kv_step) {
     for (int h0 = 0; h0 < group; h0 += kHeadsAtOnce) {
       const int64_t row = first_row + kv * group + h0;
       const int heads = group - h0;
-      float l[kHeadsAtOnce];
-#pragma unroll
-      for (int i = 0; i < kHeadsAtOnce; ++i) {
-        l[i] = i < heads ? FinalLse<kSplit>(p, row + i, lane) : NAN;
-      }
       const float* page_lse = p.page_lse + attention::PageLseIndex(p, first, pages, kv, 0, h0);
       float x[kWeightRounds][kHeadsAtOnce];
 #pragma unroll
@@ -128,6 +176,8 @@ __device__ __forceinline__ void WeighEntries(const PagedDecodeParams& p, int x, 
         LoadPageLses<kQuads, kKeptInL2>(page_lse + static_cast<int64_t>(page[r]) * lse_row, heads,
                                         x[r]);
       }
+      float l[kHeadsAtOnce];
+      FinalLses<kSplit>(p, row, heads, lane, l);
 #pragma unroll
       for (int i = 0; i < kHeadsAtOnce; ++i) {
         // A head whose LSE is not finite (NaN, or -inf: nothing attended) adds nothing.
@@ -161,23 +211,30 @@ __global__ void __launch_bounds__(kWeightWarps * 32, 8)
   const int2 entries = EntriesOf(p, blockIdx.y);
   WaitForPriorKernels();  // the page LSEs and the final LSEs (LaunchDependent)
   TriggerDependents();
-  WeighEntries<kWeightWarps, false, kKeptInL2, kQuads>(p, blockIdx.x, blockIdx.y, entries);
+  WeighEntries<kWeightWarps, false, kKeptInL2, kQuads>(p, blockIdx.x, blockIdx.y, entries, 0,
+                                                       kWeightWarps);
 }
 
-// Split launch. Block i < m.rows merges row i; block m.rows + y * x_blocks + x is weights block
-// x of sequence y.
+// Split launch. Block i < m.rows merges row i, its first round of outputs loaded early (as the
+// plain merge: 3 blocks per SM leave the registers for it without a spill); block m.rows + y *
+// x_blocks + x * kv_parts + k is weights block x of sequence y for KV heads k * kMergeWarps ...
+// (k * kMergeWarps + kMergeWarps - 1) (KvParts: a warp per KV head).
 template <bool kKeptInL2, bool kQuads>
-__global__ void __launch_bounds__(kMergeWarps * 32, 4)
-    MergeAndWeighKernel(const MergeStatesParams m, const PagedDecodeParams p, int x_blocks) {
+__global__ void __launch_bounds__(kMergeWarps * 32, 3)
+    MergeAndWeighKernel(const MergeStatesParams m, const PagedDecodeParams p, int x_blocks,
+                        int kv_parts) {
   const int64_t i = blockIdx.x;
   const int w = static_cast<int>(i - m.rows);  // a weights block's index, for i >= m.rows
   const int2 entries = i < m.rows ? int2{} : EntriesOf(p, w / x_blocks);
   WaitForPriorKernels();  // the partial states and the page LSEs (LaunchDependent)
   TriggerDependents();
   if (i < m.rows) {
-    attention::MergeRow<attention::kMergeThreads, false>(m, i);
+    attention::MergeRow<attention::kMergeThreads, true>(m, i);
   } else {
-    WeighEntries<kMergeWarps, true, kKeptInL2, kQuads>(p, w % x_blocks, w / x_blocks, entries);
+    const int x = w % x_blocks;
+    WeighEntries<kMergeWarps, true, kKeptInL2, kQuads>(p, x / kv_parts, w / x_blocks, entries,
+                                                       x % kv_parts * kMergeWarps,
+                                                       kv_parts * kMergeWarps);
   }
 }
 
@@ -233,12 +290,13 @@ cudaError_t LaunchMergeAndPageWeights(const MergeStatesParams& m, const PagedDec
     return cudaErrorInvalidValue;
   }
   if (p.batch == 0) return cudaSuccess;
-  const int x_blocks = WeightBlocks(p);
+  const int kv_parts = (p.num_kv_heads + kMergeWarps - 1) / kMergeWarps;
+  const int x_blocks = WeightBlocks(p) * kv_parts;
   const int64_t blocks = m.rows + static_cast<int64_t>(x_blocks) * p.batch;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   const auto kernel = kMergeAndWeighKernels[PageLsesKeptInL2(p)][LoadsQuads(p)];
   return LaunchDependent(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kMergeWarps * 32), 0,
-                         stream, m, p, x_blocks);
+                         stream, m, p, x_blocks, kv_parts);
 }
 
 }  // namespace kvtier::gpu
