@@ -52,27 +52,19 @@ absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host) {
     return absl::UnavailableError(
         absl::StrCat("resolving host ", Echo(host), ": ", gai_strerror(rc)));
   }
-  std::vector<std::pair<bool, std::string>> addresses;  // (IPv6, text)
+  std::vector<std::string> ipv4, ipv6;
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
     char text[NI_MAXHOST] = "";
     if ((a->ai_family == AF_INET || a->ai_family == AF_INET6) &&
         getnameinfo(a->ai_addr, a->ai_addrlen, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) ==
             0) {
-      std::pair<bool, std::string> address{a->ai_family == AF_INET6, text};
-      if (std::find(addresses.begin(), addresses.end(), address) == addresses.end()) {
-        addresses.push_back(std::move(address));
-      }
+      std::vector<std::string>& family = a->ai_family == AF_INET ? ipv4 : ipv6;
+      if (std::find(family.begin(), family.end(), text) == family.end()) family.push_back(text);
     }
   }
   freeaddrinfo(found);
-  std::stable_sort(addresses.begin(), addresses.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<std::string> texts;
-  for (auto& [ipv6, text] : addresses) texts.push_back(std::move(text));
-  if (texts.empty()) {
-    return absl::NotFoundError(absl::StrCat("host ", Echo(host), " has no IP address"));
-  }
-  return texts;
+  ipv4.insert(ipv4.end(), ipv6.begin(), ipv6.end());
+  return ipv4;  // HostLookup::Addresses makes an empty answer NotFound
 }
 
 HostLookup::HostLookup(std::string host, HostResolver resolve)

@@ -23,7 +23,8 @@ namespace kvtier {
 // address, Unavailable when the resolver failed.
 using HostResolver = std::function<absl::StatusOr<std::vector<std::string>>(const std::string&)>;
 
-// The system's resolver (getaddrinfo): IPv4 addresses first (as hiredis prefers them), each once.
+// The system's resolver (getaddrinfo): IPv4 addresses first (as hiredis prefers them), each
+// once; empty for a name with addresses of no IP family (HostLookup::Addresses: NotFound).
 absl::StatusOr<std::vector<std::string>> ResolveHost(const std::string& host);
 
 class HostLookup {

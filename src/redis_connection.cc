@@ -89,8 +89,7 @@ absl::Status RedisConnection::Connect() {
   if (context_ != nullptr) return absl::OkStatus();
   const Clock::time_point now = Clock::now();
   if (now < retry_at_) {
-    return absl::UnavailableError(absl::StrCat("redis://", address_.host, ":", address_.port,
-                                               " unreachable; retrying later"));
+    return absl::UnavailableError(absl::StrCat(Url(), " unreachable; retrying later"));
   }
   // The name's lookup, then the connects to its addresses, each within the timeout.
   const absl::StatusOr<std::vector<std::string>> addresses =
@@ -99,8 +98,7 @@ absl::Status RedisConnection::Connect() {
     const absl::Status& s = addresses.status();
     const absl::StatusCode code =
         absl::IsDeadlineExceeded(s) ? s.code() : absl::StatusCode::kUnavailable;
-    return Drop(absl::Status(
-        code, absl::StrCat("redis://", address_.host, ":", address_.port, ": ", s.message())));
+    return Drop(absl::Status(code, absl::StrCat(Url(), ": ", s.message())));
   }
   const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
   absl::Status why;
@@ -108,8 +106,7 @@ absl::Status RedisConnection::Connect() {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
-      why = absl::DeadlineExceededError(absl::StrCat("redis://", address_.host, ":",
-                                                     address_.port, " connect: timed out"));
+      why = absl::DeadlineExceededError(absl::StrCat(Url(), " connect: timed out"));
       break;
     }
     context_ = redisConnectWithTimeout(address.c_str(), address_.port,
@@ -131,10 +128,13 @@ absl::Status RedisConnection::Connect() {
   return Drop(why);
 }
 
+std::string RedisConnection::Url() const {
+  return absl::StrCat("redis://", address_.host, ":", address_.port);
+}
+
 absl::Status RedisConnection::Error(absl::string_view during) const {
   const int saved_errno = errno;
-  const std::string what = absl::StrCat("redis://", address_.host, ":", address_.port, " ",
-                                        during, ": ", context_->errstr);
+  const std::string what = absl::StrCat(Url(), " ", during, ": ", context_->errstr);
   const bool timed_out = context_->err == REDIS_ERR_IO &&
                          (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK ||
                           saved_errno == ETIMEDOUT || saved_errno == EINPROGRESS ||
@@ -161,8 +161,7 @@ std::chrono::milliseconds RedisConnection::Budget(size_t bytes) const {
 
 absl::Status RedisConnection::TimedOut(absl::string_view during) {
   return Drop(absl::DeadlineExceededError(absl::StrCat(
-      "redis://", address_.host, ":", address_.port, " ", during, ": not done within ",
-      timeout_ms_, " ms and the transfer's allowance")));
+      Url(), " ", during, ": not done within ", timeout_ms_, " ms and the transfer's allowance")));
 }
 
 absl::Status RedisConnection::Arm(Clock::time_point deadline, absl::string_view during) {

@@ -65,6 +65,8 @@ class RedisConnection {
   using Clock = std::chrono::steady_clock;
   // Connects unless connected; Unavailable during a backoff.
   absl::Status Connect();
+  // "redis://HOST:PORT", for messages.
+  std::string Url() const;
   // The error of context_ (and errno) during `during` as a Status: DeadlineExceeded for a
   // timeout, else Unavailable.
   absl::Status Error(absl::string_view during) const;
