@@ -76,6 +76,13 @@ struct PagedDecodeParams {
   // together), of at most 2^32 - 1 floats (the kernel indexes it with 32 bits, PageLseStore).
   float* page_weight = nullptr;
   float* page_lse = nullptr;
+  // A palette whose all-FP16 formats sit next to smaller ones reads its FP16 pages directly
+  // from global memory, so that the staging ring keeps the smaller pages' size (the balanced
+  // mix's few FP16 pages); with stage_fp16 they are staged like the others, the ring at FP16's
+  // size: for a batch whose pages are mostly FP16 (a young cache under a mixed palette; the
+  // library sets it when more than half are, FavoursStagedFp16). Either way every page is read
+  // right. Default: read directly.
+  bool stage_fp16 = false;
   // Set by LaunchPagedDecode: how each format's page is staged in shared memory and decoded.
   // A staged page holds one KV head's data: [K rows][K micro-scales][V rows][V micro-scales],
   // then 16 K and 16 V FP32 scales at `scales_at`.
@@ -99,10 +106,10 @@ struct PagedDecodeParams {
 };
 
 // A split of every sequence's pages that fills `num_sms` multiprocessors in one wave with this
-// launch's blocks (their residency depends on the palette's staged page size and the GQA group,
-// not on page_weight: the split, and so every output bit, is the same with page weights or
-// without). REQUIRES: p's pools, formats, batch and heads are set. Returns cudaErrorInvalidValue for shapes
-// or layouts the kernel does not read.
+// launch's blocks (their residency depends on the palette's staged page size, stage_fp16 and
+// the GQA group, not on page_weight: the split, and so every output bit, is the same with page
+// weights or without). REQUIRES: p's pools, formats, batch, heads and stage_fp16 are set.
+// Returns cudaErrorInvalidValue for shapes or layouts the kernel does not read.
 struct DecodeSplit {
   int32_t num_splits;
   int32_t pages_per_split;
@@ -130,6 +137,12 @@ bool PageLsesKeptInL2(const PagedDecodeParams& p);
 // than the per-token path, 1-1.7% faster NVFP4 decode on the H200. REQUIRES: p's pools and
 // num_formats are set.
 bool ValueScalesUniform(const PagedDecodeParams& p);
+
+// Whether a batch of `entries` packed pages, `fp16_entries` of them in all-FP16 formats, reads
+// faster with PagedDecodeParams::stage_fp16: when they are more than half.
+inline bool FavoursStagedFp16(int64_t fp16_entries, int64_t entries) {
+  return 2 * fp16_entries > entries;
+}
 
 // Enqueues the decode kernel and, with num_splits > 1, the merge of its partial states; with
 // page_weight set, the page weights: a kernel after it when not split, blocks in the merge's

@@ -104,7 +104,9 @@ class KVTIER_EXPORT PreparedDecode {
  public:
   // With room for the step's sequences to grow to `max_pages` pages each (Default 0: the
   // tables' longest), for Update: the split of each sequence's pages across the GPU is planned
-  // for that many, so the results of a step depend on max_pages (bits, not accuracy).
+  // for that many, and how FP16 pages are read (staged when they are most of these tables'
+  // pages) is chosen from these tables, so the results of a step depend on max_pages and on
+  // its first tables (bits, not accuracy).
   // InvalidArgument when the tables are inconsistent (as DecodeAttention says) or name a format
   // outside the palette, or max_pages < 0; Unavailable on CUDA in builds without CUDA; Internal
   // for a CUDA error.

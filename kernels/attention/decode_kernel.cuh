@@ -211,7 +211,7 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
 // page weights (p.page_lse set), how each page's LSE per head is stored there (page_weight.cuh).
 // Without them (kNone) the page sums are never used and compile away: the kernel does no extra
 // work. kUniformV: every format of the palette has one V scale per page (OnlineSoftmax). kKinds:
-// the side kinds every format of the palette has (kNvfp4Kinds), or kAnyKinds.
+// the side kinds every format of the palette has (kNvfp4Kinds, kE4M3Kinds), or kAnyKinds.
 template <int kTiles, int kStages, PageLse kPageLse, bool kUniformV, uint32_t kKinds>
 __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
     PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {

@@ -49,9 +49,10 @@ uint32_t SideScalesPerHead(const PageLayout& l, const CodecLayout& c) {
 // Fills k's format plans, stage_bytes and scales_at from its pools. Returns false for a layout
 // the kernel does not read (BF16, a page other than 16 tokens x head_dim 128).
 bool PlanStaging(PagedDecodeParams& k) {
-  bool mixed = false;  // all-FP16 formats next to smaller ones are read directly
+  bool mixed = false;  // all-FP16 formats next to smaller ones are read directly, unless staged
   const float logit_scale = k.softmax_scale * attention::kLog2e;  // logits in log2 units
   for (int f = 0; f < k.num_formats; ++f) mixed |= !AllFp16(k.pools[f].layout);
+  mixed &= !k.stage_fp16;
   k.stage_bytes = 0;
   for (int f = 0; f < k.num_formats; ++f) {
     const PageLayout& l = k.pools[f].layout;
@@ -95,33 +96,37 @@ bool PlanStaging(PagedDecodeParams& k) {
 
 using Kernel = void (*)(PagedDecodeParams);
 
-// Every instance of the kernel, instance i = (((nvfp4 * 2 + wide) * 2 + deep) * 3 + PageLse) * 2
-// + uniform V scales (KernelIndex): the kinds (kNvfp4Kinds or kAnyKinds), kTiles 1 or 2 (wide),
-// the shallow or deep ring, the page LSE store, and kUniformV.
+// The kKinds of the kernels for palettes with kernels of their own (kAnyKinds: the generic one).
+constexpr uint32_t kPaletteKinds[] = {attention::kAnyKinds, attention::kNvfp4Kinds,
+                                      attention::kE4M3Kinds};
+
+// Every instance of the kernel, instance i = (((kinds * 2 + wide) * 2 + deep) * 3 + PageLse) * 2 +
+// uniform V scales (KernelIndex): kKinds = kPaletteKinds[kinds], kTiles 1 or 2 (wide), the
+// shallow or deep ring, the page LSE store, and kUniformV.
 template <size_t i>
 constexpr Kernel kInstance =
     PagedDecodeKernel<static_cast<int>(i / 12 % 2) + 1,
                       (i / 6) % 2 == 1 ? kDeepStages : kShallowStages,
-                      static_cast<PageLse>(i / 2 % 3), i % 2 == 1,
-                      i / 24 == 1 ? attention::kNvfp4Kinds : attention::kAnyKinds>;
+                      static_cast<PageLse>(i / 2 % 3), i % 2 == 1, kPaletteKinds[i / 24]>;
 template <size_t... i>
 constexpr std::array<Kernel, sizeof...(i)> Instances(std::index_sequence<i...>) {
   return {kInstance<i>...};
 }
-constexpr std::array<Kernel, 48> kKernels = Instances(std::make_index_sequence<48>());
+constexpr std::array<Kernel, 72> kKernels = Instances(std::make_index_sequence<72>());
 
-constexpr size_t KernelIndex(bool nvfp4, bool wide, bool deep, PageLse store, bool uniform_v) {
-  return (((static_cast<size_t>(nvfp4) * 2 + wide) * 2 + deep) * 3 + static_cast<size_t>(store)) *
-             2 + uniform_v;
+constexpr size_t KernelIndex(size_t kinds, bool wide, bool deep, PageLse store, bool uniform_v) {
+  return (((kinds * 2 + wide) * 2 + deep) * 3 + static_cast<size_t>(store)) * 2 + uniform_v;
 }
 
-// The kKinds of the kernel for k's palette: kNvfp4Kinds when every format has NVFP4 K and V with
-// micro-blocks along head_dim, else kAnyKinds.
-uint32_t PaletteKinds(const PagedDecodeParams& k) {
-  for (int f = 0; f < k.num_formats; ++f) {
-    if (k.plans[f].kinds != attention::kNvfp4Kinds) return attention::kAnyKinds;
+// The index in kPaletteKinds of the kernel for k's palette: the side kinds every format has, if
+// they have kernels of their own, else 0 (kAnyKinds).
+size_t PaletteKinds(const PagedDecodeParams& k) {
+  for (size_t i = 1; i < std::size(kPaletteKinds); ++i) {
+    bool all = true;
+    for (int f = 0; f < k.num_formats; ++f) all = all && k.plans[f].kinds == kPaletteKinds[i];
+    if (all) return i;
   }
-  return attention::kNvfp4Kinds;
+  return 0;
 }
 
 // Shared memory a multiprocessor gives its blocks (H100, H200: 228 KB), less the 1 KB the
@@ -147,11 +152,12 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const bool wide = k.num_q_heads / k.num_kv_heads > 8;
   const size_t group_rows = wide ? 16 : 8;
   const size_t blocks_by_registers = wide ? 2 : 4;
-  const uint32_t kinds = PaletteKinds(k);
+  const size_t kinds = PaletteKinds(k);
   const auto ring = [&](int stages) {
     return static_cast<size_t>(attention::RingBytes(stages, k.stage_bytes)) +
-           (attention::QueryInSharedMemory(kinds) ? (wide ? 2 : 1) * attention::kQueryBytesPerTile
-                                                  : 0);
+           (attention::QueryInSharedMemory(kPaletteKinds[kinds])
+                ? (wide ? 2 : 1) * attention::kQueryBytesPerTile
+                : 0);
   };
   const size_t deep_ring = ring(kDeepStages);
   const bool deep = deep_ring <= kMostSmem &&
@@ -160,8 +166,7 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const PageLse store = k.page_weight == nullptr ? PageLse::kNone
                         : PageLsesKeptInL2(k)    ? PageLse::kKeptInL2
                                                  : PageLse::kStored;
-  const bool nvfp4 = kinds == attention::kNvfp4Kinds;
-  return {kKernels[KernelIndex(nvfp4, wide, deep, store, ValueScalesUniform(k))],
+  return {kKernels[KernelIndex(kinds, wide, deep, store, ValueScalesUniform(k))],
           static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge))};
 }
 

@@ -92,10 +92,10 @@ __host__ __device__ constexpr int RingBytes(int stages, int stage_bytes) {
 constexpr int kQueryBytesPerTile = 4 * 32 * 16;
 
 // Whether the kernel for palettes of side kinds `kinds` (kAnyKinds, or the one pair of side kinds
-// of its palette's formats) keeps its Q^T fragments in shared memory (QueryFragments): the
-// all-NVFP4 palettes' kernel. The launch adds their bytes to the block's shared memory.
+// of its palette's formats) keeps its Q^T fragments in shared memory (QueryFragments): every
+// palette kernel of its own. The launch adds their bytes to the block's shared memory.
 __host__ __device__ constexpr bool QueryInSharedMemory(uint32_t kinds) {
-  return kinds == kNvfp4Kinds;
+  return kinds != kAnyKinds;
 }
 
 // This lane's Q^T fragments (LoadQuery), those of k-steps 2m and 2m + 1 of tile t as At(t, m).

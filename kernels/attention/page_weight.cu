@@ -52,6 +52,32 @@ __device__ __forceinline__ void LoadPartLses(const float* s, int64_t rows, int k
   }
 }
 
+// Calls f(i, x) for each of a lane's part LSEs x of row row + i, i < kHeadsAtOnce, at s (row 0's),
+// in rounds of LoadPartLses; a part past num_splits, or of a row from `heads` on, comes as -inf.
+template <typename F>
+__device__ __forceinline__ void ForEachPartLse(const float* s, int64_t rows, int lane,
+                                               int num_splits, int heads, F f) {
+  for (int k0 = lane; k0 < num_splits; k0 += 32 * kPartRounds) {
+    float x[kPartRounds][kHeadsAtOnce];
+    LoadPartLses(s, rows, k0, num_splits, heads, x);
+#pragma unroll
+    for (int r = 0; r < kPartRounds; ++r) {
+#pragma unroll
+      for (int i = 0; i < kHeadsAtOnce; ++i) f(i, x[r][i]);
+    }
+  }
+}
+
+// v[i] = op over the warp's lanes of v[i], on every lane. REQUIRES: every lane calls it.
+template <typename Op>
+__device__ __forceinline__ void WarpAllReduce(float (&v)[kHeadsAtOnce], Op op) {
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) {
+#pragma unroll
+    for (int i = 0; i < kHeadsAtOnce; ++i) v[i] = op(v[i], __shfl_xor_sync(0xFFFFFFFFu, v[i], d));
+  }
+}
+
 // The final LSEs (natural log) of output rows row ... row + kHeadsAtOnce - 1 of a split launch
 // (those from `heads` on: NaN), from the splits' partial LSEs, by the merge's rules: NaN for a NaN
 // or +inf part, -inf when every part is empty. A lane loads its parts of all the rows before it
@@ -66,35 +92,15 @@ __device__ __forceinline__ void SplitLses(const PagedDecodeParams& p, int64_t ro
   bool nan[kHeadsAtOnce];
 #pragma unroll
   for (int i = 0; i < kHeadsAtOnce; ++i) m[i] = -INFINITY, total[i] = 0.f, nan[i] = false;
-  for (int k0 = lane; k0 < p.num_splits; k0 += 32 * kPartRounds) {
-    float x[kPartRounds][kHeadsAtOnce];
-    LoadPartLses(s, rows, k0, p.num_splits, heads, x);
-#pragma unroll
-    for (int r = 0; r < kPartRounds; ++r) {
-#pragma unroll
-      for (int i = 0; i < kHeadsAtOnce; ++i) nan[i] |= isnan(x[r][i]), m[i] = fmaxf(m[i], x[r][i]);
-    }
-  }
-#pragma unroll
-  for (int d = 16; d > 0; d /= 2) {
-#pragma unroll
-    for (int i = 0; i < kHeadsAtOnce; ++i) m[i] = fmaxf(m[i], __shfl_xor_sync(0xFFFFFFFFu, m[i], d));
-  }
+  ForEachPartLse(s, rows, lane, p.num_splits, heads, [&](int i, float x) {
+    nan[i] |= isnan(x);
+    m[i] = fmaxf(m[i], x);
+  });
+  WarpAllReduce(m, [](float a, float b) { return fmaxf(a, b); });
   // A part past the last adds exp(-inf) = +0, which leaves each lane's sum as it was.
-  for (int k0 = lane; k0 < p.num_splits; k0 += 32 * kPartRounds) {
-    float x[kPartRounds][kHeadsAtOnce];
-    LoadPartLses(s, rows, k0, p.num_splits, heads, x);
-#pragma unroll
-    for (int r = 0; r < kPartRounds; ++r) {
-#pragma unroll
-      for (int i = 0; i < kHeadsAtOnce; ++i) total[i] += expf(x[r][i] - m[i]);
-    }
-  }
-#pragma unroll
-  for (int d = 16; d > 0; d /= 2) {
-#pragma unroll
-    for (int i = 0; i < kHeadsAtOnce; ++i) total[i] += __shfl_xor_sync(0xFFFFFFFFu, total[i], d);
-  }
+  ForEachPartLse(s, rows, lane, p.num_splits, heads,
+                 [&](int i, float x) { total[i] += expf(x - m[i]); });
+  WarpAllReduce(total, [](float a, float b) { return a + b; });
 #pragma unroll
   for (int i = 0; i < kHeadsAtOnce; ++i) {
     const bool bad = __any_sync(0xFFFFFFFFu, nan[i]) || m[i] == INFINITY;

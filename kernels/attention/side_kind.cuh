@@ -20,6 +20,7 @@ constexpr uint32_t kDirectFp16 = 1u << 8;
 // (K | V << 3) of a palette whose formats all share it, so that the dispatch compiles away.
 constexpr uint32_t kAnyKinds = ~0u;
 constexpr uint32_t kNvfp4Kinds = kNvfp4DimSide | kNvfp4DimSide << 3;
+constexpr uint32_t kE4M3Kinds = kE4M3Side | kE4M3Side << 3;
 
 // Bytes of one token row of a side of `kind` (NVFP4 micro-scales, 128 bytes, follow the rows).
 __host__ __device__ constexpr uint32_t RowBytes(uint32_t kind) {

@@ -52,6 +52,7 @@ absl::StatusOr<TableExtent> CheckPageTables(const PageTables& tables, int32_t bl
   extent.batch = batch;
   extent.entries = static_cast<int64_t>(tables.packed.size());
   extent.max_page.assign(palette_size, -1);
+  extent.entries_of.assign(palette_size, 0);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t pages = tables.packed_indptr[b + 1] - tables.packed_indptr[b];
     const int64_t len = tables.seq_lens[b];
@@ -66,6 +67,7 @@ absl::StatusOr<TableExtent> CheckPageTables(const PageTables& tables, int32_t bl
                                                        ", outside the palette of ", palette_size));
       }
       extent.max_page[f] = std::max<int64_t>(extent.max_page[f], PackedPage(tables.packed[i]));
+      extent.entries_of[f] += 1;
     }
     extent.max_length = std::max(extent.max_length, len);
     extent.max_pages = std::max(extent.max_pages, static_cast<int32_t>(pages));

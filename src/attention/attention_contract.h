@@ -53,6 +53,11 @@ struct TableExtent {
   std::vector<int64_t> max_page;  // [palette size]
   int64_t batch = 0;
   int64_t entries = 0;  // packed entries (pages) of the whole batch
+  // [palette size]: the entries in each format, which choose how FP16 pages are read
+  // (PagedDecodeParams::stage_fp16, and with it the split). A PreparedDecode keeps its first
+  // tables' counts through Update, as it keeps max_pages, so that its launches, captured or
+  // not, read alike and give the same bits.
+  std::vector<int64_t> entries_of;
   int64_t max_length = 0;
   int32_t max_pages = 0;
 };

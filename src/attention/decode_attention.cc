@@ -85,6 +85,7 @@ absl::Status PreparedDecode::Update(const PageTables& tables) {
         " sequences of up to ", extent.max_pages));
   }
   extent.max_pages = rep_->extent.max_pages;
+  extent.entries_of = rep_->extent.entries_of;  // the staging Create chose (TableExtent)
   if (options.backend == BackendKind::kCpu) {
     rep_->tables = tables;
   } else {

@@ -209,6 +209,35 @@ TEST(DecodeAttentionTest, EveryFormatMixGroupAndRaggedLength) {
   }
 }
 
+// A mixed palette whose pages are mostly FP16, as a young cache's: the launch stages its FP16
+// pages (PagedDecodeParams::stage_fp16, FavoursStagedFp16) next to the others, every fourth
+// full block demoted to a smaller format, where EveryFormatMixGroupAndRaggedLength (a few FP16
+// pages) reads them directly; both against the reference.
+TEST(DecodeAttentionTest, MostlyFp16PagesOfAMixedPaletteAreStaged) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(43);
+  const std::vector<std::string>& palette = Palettes()[1];
+  auto pair = CachePair::Create(MakeOptions(palette, 512)).value();
+  const std::vector<int64_t> lengths = {1, 15, 17, 256, 1000, 2049, TestScale(5000)};
+  std::vector<SequenceId> seqs;
+  for (size_t i = 0; i < lengths.size(); ++i) seqs.push_back(pair->AddSequence());
+  ASSERT_TRUE(pair->AppendBatch(seqs, lengths, /*same_pages=*/true).ok());
+  pair->WriteAllLayers(&rng, /*specials=*/false);
+  std::uniform_int_distribution<int> smaller(2, static_cast<int>(palette.size()) - 1);
+  int64_t full = 0;
+  for (SequenceId s : seqs) {
+    const std::vector<BlockId> blocks = pair->gpu().SequenceBlocks(s).value();
+    for (BlockId b : blocks) {
+      if (pair->gpu().GetBlockInfo(b).value().num_tokens == 16 && full++ % 4 == 3) {
+        ASSERT_TRUE(pair->Demote({b}, smaller(rng)).ok());
+      }
+    }
+  }
+  for (int group : {1, 4, 8, 16}) {
+    EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
+  }
+}
+
 // Page weights (DecodeOutputs::page_weight): a page's weight is exp(page LSE - LSE), where the
 // kernel's LSE and its page LSE each carry the LSE error above (<= kLseTolerance), so it agrees
 // with the reference within a relative e^(2 kLseTolerance) - 1 ~ 1e-2; kWeightAbsTolerance covers
@@ -534,6 +563,76 @@ std::unique_ptr<Cache> OneSequence(Options o, BackendKind backend, int64_t token
 // with its padding) 8 and 16 load a page's LSEs of 4 heads at once, 1 (a row of 2) and 6 one by
 // one, 6 in a partial second load), ragged lengths (short, long enough to split), both layers
 // max-accumulated into one buffer, with and without NaN query heads.
+// A prepared step keeps the FP16 staging its first tables chose (TableExtent::entries_of): made
+// over all-FP16 tables of a mixed palette (staged), captured, then updated to tables whose full
+// blocks were demoted (FP16 now a minority, which a fresh call would read directly, with another
+// split), its graph replays with the bits of the same call uncaptured.
+TEST(DecodeAttentionTest, PreparedStepKeepsItsFp16Staging) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(47);
+  auto pair = CachePair::Create(MakeOptions(Palettes()[1], 512)).value();
+  const std::vector<int64_t> lengths = {100, 1000, TestScale(3000)};
+  std::vector<SequenceId> seqs;
+  for (size_t i = 0; i < lengths.size(); ++i) seqs.push_back(pair->AddSequence());
+  ASSERT_TRUE(pair->AppendBatch(seqs, lengths).ok());
+  pair->WriteAllLayers(&rng, /*specials=*/false);
+  PageTables tables;
+  ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(pair->gpu(), tables, {stream});
+  ASSERT_TRUE(step.ok()) << step.status();
+  const int q_heads = 8 * 4;
+  const size_t rows = seqs.size() * q_heads, n = rows * 128;
+  std::vector<float> q(n);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (float& x : q) x = normal(rng);
+  DeviceBuffer dq, out(n * 4), lse(rows * 4);
+  dq.Upload(q);
+  const DecodeQueries queries{absl::MakeConstSpan(static_cast<const float*>(dq.data()), n),
+                              q_heads, 0.088f};
+  const DecodeOutputs outputs{absl::MakeSpan(static_cast<float*>(out.data()), n),
+                              absl::MakeSpan(static_cast<float*>(lse.data()), rows), {}, 0, {}};
+  auto enqueue = [&] {
+    return DecodeAttention(pair->gpu(), 0, *step, queries, outputs, {stream});
+  };
+  auto results = [&] {
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<float> r = Download(out, n), l = Download(lse, rows);
+    r.insert(r.end(), l.begin(), l.end());
+    return r;
+  };
+  ASSERT_TRUE(enqueue().ok());  // one-time setup (the kernels' shared memory limit)
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status captured = enqueue();
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured.ok()) << captured;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  std::vector<BlockId> full;
+  for (SequenceId s : seqs) {
+    const std::vector<BlockId> blocks = pair->gpu().SequenceBlocks(s).value();
+    for (BlockId b : blocks) {
+      if (pair->gpu().GetBlockInfo(b).value().num_tokens == 16) full.push_back(b);
+    }
+  }
+  ASSERT_TRUE(pair->Demote(full, 3).ok());
+  ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
+  ASSERT_TRUE(step->Update(tables).ok());
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  const std::vector<float> replayed = results();
+  ASSERT_TRUE(enqueue().ok());
+  EXPECT_EQ(CompareFloats(replayed, results()), "");
+  for (float x : replayed) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_EQ(Compare(*pair, seqs, 4, &rng), "");  // a fresh call: read directly, right too
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+}
+
 TEST(DecodeAttentionTest, PageWeightsMatchTheReference) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(31);
