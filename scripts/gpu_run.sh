@@ -10,8 +10,9 @@
 #   gpu_run.sh             both, one after the other (over 10 minutes: not for the device tool).
 #   gpu_run.sh decode      after a change to the decode kernel alone (kernels/attention/), in
 #                          about 4 minutes: its GPU tests (KVTIER_GPU_TEST_SCALE=0.25), the
-#                          benchmarks (JSON), memcheck of the page-weight and rotated-key tests
-#                          and racecheck of two page-weight tests (scale 0.1).
+#                          benchmarks (JSON), memcheck of the page-weight, rotated-key and
+#                          staged-FP16 tests and racecheck of two page-weight tests and the
+#                          staged-FP16 one (scale 0.1).
 #   gpu_run.sh migration   after a change to the migration kernels alone (kernels/migrate.cu and
 #                          the codecs they use), in about 2 minutes: the data-plane GPU tests (the
 #                          fast-codec self-check, the parity of every palette pair with the CPU
@@ -74,12 +75,13 @@ step tests 240 env KVTIER_GPU_TEST_SCALE=0.25 bundle/kvtier_gpu_tests \
 step bench 60 bundle/kvtier_gpu_bench "$out/bench.json"
 cat "$out/bench.log" >>"$summary"
 # RotatedKeys and the third page-weight test under racecheck take over 100 s more at scale 0.1.
+t=DecodeAttentionTest
 step memcheck 120 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
   --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests \
-  --gtest_filter='DecodeAttentionTest.PageWeights*:DecodeAttentionTest.RotatedKeys'
+  --gtest_filter="$t.PageWeights*:$t.RotatedKeys:$t.MostlyFp16*"
 step racecheck 150 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
   --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests \
-  --gtest_filter='DecodeAttentionTest.PageWeightsUnsplit:DecodeAttentionTest.PageWeightsSplitKv'
+  --gtest_filter="$t.PageWeightsUnsplit:$t.PageWeightsSplitKv:$t.MostlyFp16*"
 fi
 if [ "$part" = migration ]; then
 data_plane=CudaBackendTest.*:CudaParityTest.*:CudaStressTest.*:HostTierGpuTest.*

@@ -190,6 +190,9 @@ const std::vector<std::vector<std::string>>& Palettes() {
        "nvfp4_channel/block_head", "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
       {"fp8_e4m3/token_head", "nvfp4/block_head"},  // an FP8 hot format: partial FP8 tails
       {"nvfp4/tensor"},                             // NVFP4 tails
+      // All E4M3 and all FP16: the palettes with kernels of their own (decode_launch.cu).
+      {"fp8_e4m3/token_head", "fp8_e4m3/block_head", "fp8_e4m3/tensor"},
+      {"fp16"},
   };
   return *palettes;
 }
@@ -636,7 +639,8 @@ TEST(DecodeAttentionTest, PreparedStepKeepsItsFp16Staging) {
 TEST(DecodeAttentionTest, PageWeightsMatchTheReference) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(31);
-  for (const auto& palette : {Palettes()[0], Palettes()[1], Palettes()[3], Fp16AndFp8Palette()}) {
+  for (const auto& palette :
+       {Palettes()[0], Palettes()[1], Palettes()[3], Palettes()[4], Fp16AndFp8Palette()}) {
     SCOPED_TRACE(absl::StrJoin(palette, " "));
     auto pair = CachePair::Create(PaletteOptions(Geometry{2, 8, 128, 16}, palette, 512)).value();
     const std::vector<SequenceId> seqs =
