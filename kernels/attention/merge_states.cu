@@ -17,7 +17,7 @@ using attention::kMergeThreads;
 __global__ void __launch_bounds__(kMergeThreads) MergeStatesKernel(const MergeStatesParams p) {
   WaitForPriorKernels();  // the parts (LaunchDependent)
   TriggerDependents();
-  attention::MergeRow<kMergeThreads, true>(p, blockIdx.x);
+  attention::MergeRow<kMergeThreads>(p, blockIdx.x);
 }
 
 }  // namespace

@@ -51,19 +51,18 @@ __device__ __forceinline__ void LoadRound(const float* v, int64_t stride, int n,
 // to shared memory a chunk at a time, and thread d accumulates dims d, d + kThreads, ... over the
 // parts, kMergeLoadsAtOnce partial outputs loaded before the first is added (coalesced reads).
 // At batch 1 this merge follows the attention on the critical path: it is bound by its rounds
-// of loads (one of LSEs, one of outputs per kMergeLoadsAtOnce parts), not by bytes, so with
-// kFirstRoundEarly the first round of outputs is loaded before the LSEs, and both round trips
-// overlap (32 more registers: the merge beside the page weights, at its limit, does without).
-// The bits are the same either way. REQUIRES: every thread of the block calls it.
-template <int kThreads, bool kFirstRoundEarly>
+// of loads (one of LSEs, one of outputs per kMergeLoadsAtOnce parts), not by bytes, so the
+// first round of outputs is loaded before the LSEs, and both round trips overlap.
+// REQUIRES: every thread of the block calls it.
+template <int kThreads>
 __device__ __forceinline__ void MergeRow(const MergeStatesParams& p, int64_t row) {
   constexpr int kHeld = kMergeChunk / kThreads;  // LSEs of the first chunk a thread holds
   static_assert(kHeld * kThreads == kMergeChunk, "the first chunk is whole rounds of threads");
   __shared__ float weight[kMergeChunk];
   __shared__ float scratch[kThreads / 32];
   const float* s = p.s + row;
-  float first[kMergeLoadsAtOnce];  // dim threadIdx.x of parts 0, 1, ... (kFirstRoundEarly)
-  if (kFirstRoundEarly && static_cast<int>(threadIdx.x) < p.head_dim) {
+  float first[kMergeLoadsAtOnce];  // dim threadIdx.x of parts 0, 1, ...
+  if (static_cast<int>(threadIdx.x) < p.head_dim) {
     LoadRound(p.v + row * p.head_dim + threadIdx.x, p.v_part_stride,
               min(kMergeLoadsAtOnce, p.parts), first);
   }
@@ -116,7 +115,7 @@ __device__ __forceinline__ void MergeRow(const MergeStatesParams& p, int64_t row
         const float* v = p.v + base * p.v_part_stride + row * p.head_dim + d;
         for (int k0 = 0; k0 < n; k0 += kMergeLoadsAtOnce) {
           float x[kMergeLoadsAtOnce];
-          if (kFirstRoundEarly && d0 == 0 && base == 0 && k0 == 0) {
+          if (d0 == 0 && base == 0 && k0 == 0) {
 #pragma unroll
             for (int j = 0; j < kMergeLoadsAtOnce; ++j) x[j] = first[j];
           } else {

@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32, 3)
   WaitForPriorKernels();  // the partial states and the page LSEs (LaunchDependent)
   TriggerDependents();
   if (i < m.rows) {
-    attention::MergeRow<attention::kMergeThreads, true>(m, i);
+    attention::MergeRow<attention::kMergeThreads>(m, i);
   } else {
     const int x = w % x_blocks;
     WeighEntries<kMergeWarps, true, kKeptInL2, kQuads>(p, x / kv_parts, w / x_blocks, entries,
