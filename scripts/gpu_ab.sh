@@ -3,8 +3,10 @@
 # ROUNDS rounds, each running `--only CASE BATCH CONTEXT` of every build once, so that a slow
 # spell of the GPU falls on all builds alike. Then the median of each row over the rounds, per
 # build, beside the reference build's.
-#   scripts/gpu_ab.sh DIR "CASE BATCH CONTEXT"|data-plane ...
-# (data-plane: the copy roof, migration and append rows of `--data-plane-only`)
+#   scripts/gpu_ab.sh DIR "CASE BATCH CONTEXT"|data-plane|decode ...
+# (data-plane: the copy roof, migration and append rows of `--data-plane-only`; decode: every
+# decode row of `--decode-only`, one process timing every shape in turn, where a row can depend
+# on the shapes before it)
 # DIR holds the builds (kvtier_gpu_bench binaries, or gzip files of them, named by variant; the
 # first name in alphabetical order is the reference), and bundle/lib the libraries they load
 # (scripts/gpu_bundle.sh). ROUNDS (default 3); BUILDS (default all): the variant names to time,
@@ -42,6 +44,8 @@ for shape in "$@"; do
   fi
   if [ "$shape" = data-plane ]; then
     args=(--data-plane-only)
+  elif [ "$shape" = decode ]; then
+    args=(--decode-only)
   else
     read -r case batch context <<<"$shape"
     args=(--only "$case" "$batch" "$context")
