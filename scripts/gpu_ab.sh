@@ -6,7 +6,7 @@
 #   scripts/gpu_ab.sh DIR "CASE BATCH CONTEXT"|data-plane|decode ...
 # (data-plane: the copy roof, migration and append rows of `--data-plane-only`; decode: every
 # decode row of `--decode-only`, one process timing every shape in turn, where a row can depend
-# on the shapes before it)
+# on the shapes before it; its rows are named full:ROW)
 # DIR holds the builds (kvtier_gpu_bench binaries, or gzip files of them, named by variant; the
 # first name in alphabetical order is the reference), and bundle/lib the libraries they load
 # (scripts/gpu_bundle.sh). ROUNDS (default 3); BUILDS (default all): the variant names to time,
@@ -66,14 +66,16 @@ builds = []
 for f in sorted(os.listdir(sys.argv[2])):
     if not f.endswith('.json'):
         continue
-    build = f.split('__')[0]
+    build, shape = f.split('__')[:2]
     if build not in builds:
         builds.append(build)
+    # A full run's rows carry 'full:', so that they never pool with the same rows timed alone.
+    prefix = 'full:' if shape == 'decode' else ''
     for key, rows in json.load(open(os.path.join(sys.argv[2], f))).items():
         if isinstance(rows, list) and key not in ('roof', 'read_roof'):
             for r in rows:
                 if isinstance(r, dict) and 'median_ms' in r:
-                    runs[r['name']][build].append(r['median_ms'] * 1e3)
+                    runs[prefix + r['name']][build].append(r['median_ms'] * 1e3)
 json.dump(runs, open(sys.argv[1], 'w'), indent=1)
 ref = builds[0]
 # A row's name carries its split count (_splitsN); builds that split a shape differently are

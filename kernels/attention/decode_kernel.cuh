@@ -23,7 +23,7 @@
 // only when it is taken).
 // In a palette with smaller formats, all-FP16 pages (the recent tokens) are read straight from
 // global memory, so that the shared memory per block, and the occupancy, follow the smaller
-// formats.
+// formats, unless they are most of the batch's pages (PagedDecodeParams::stage_fp16).
 //
 // One step per page, each a function of decode_stages.cuh: stage (PageRing, stage_page.cuh),
 // QK (ComputeLogits), softmax (OnlineSoftmax), PV (AccumulateValues), and with page weights the

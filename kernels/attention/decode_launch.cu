@@ -141,7 +141,7 @@ constexpr size_t kMostSmem =
     attention::RingBytes(kShallowStages, 2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4);
 
 // The kernel for k's GQA group (keeping page weights or not) and its dynamic shared memory: the
-// staging rings (and the Q^T fragments of an all-NVFP4 palette's kernel, QueryFragments), or the
+// staging rings (and the Q^T fragments of a palette's kernel of its own, QueryFragments), or the
 // block's merge of its warps' states if larger. The deep ring when it fits beside as many
 // blocks as the registers allow (small pages: NVFP4), else the shallow one.
 struct KernelLaunch {

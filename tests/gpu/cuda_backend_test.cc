@@ -128,7 +128,9 @@ TEST(CudaBackendTest, PoolsNameTheirDeviceAndUnalignedInputIsRefused) {
   KVTIER_REQUIRE_GPU();
   int devices = 0, device = -1;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
-  if (devices > 1) ASSERT_EQ(cudaSetDevice(1), cudaSuccess);  // where the old views said 0
+  if (devices > 1) {
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);  // where the old views said 0
+  }
   absl::Cleanup back_to_0 = [] { cudaSetDevice(0); };
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   Options o;

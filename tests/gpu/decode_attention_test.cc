@@ -39,8 +39,10 @@ namespace {
 constexpr double kOutTolerance = 5e-3;  // relative L2 per (sequence, head)
 constexpr double kLseTolerance = 5e-3;  // absolute, natural log
 // The kernel rounds Q to FP16 (half an ulp: 2^-11 of a value), which moves a logit dominated by
-// one channel, and with it an LSE dominated by that logit, by up to 2^-11 of its size; so a row's
-// LSE may miss the reference by that much of its size where that exceeds kLseTolerance.
+// one channel by up to 2^-11 of its size, and the LSE by as much as its dominant logits move; the
+// LSE is at least the largest logit, so 2^-11 of |LSE| covers that where the largest logit is
+// positive, as here. It is the bound where it exceeds kLseTolerance: at an LSE over 10.24, from
+// large logits, or from over 28K tokens of small ones (there loose by 2^-11 log(tokens) at most).
 constexpr double kQueryRounding = 1.0 / 2048;
 double LseTolerance(double lse) { return std::max(kLseTolerance, kQueryRounding * std::fabs(lse)); }
 
@@ -195,7 +197,7 @@ const std::vector<std::vector<std::string>>& Palettes() {
        "nvfp4_channel/block_head", "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
       {"fp8_e4m3/token_head", "nvfp4/block_head"},  // an FP8 hot format: partial FP8 tails
       {"nvfp4/tensor"},                             // NVFP4 tails
-      // All E4M3 and all FP16: the palettes with kernels of their own (decode_launch.cu).
+      // All E4M3 (kernels of their own, decode_launch.cu) and all FP16 (staged, generic kernel).
       {"fp8_e4m3/token_head", "fp8_e4m3/block_head", "fp8_e4m3/tensor"},
       {"fp16"},
   };
@@ -241,6 +243,13 @@ TEST(DecodeAttentionTest, MostlyFp16PagesOfAMixedPaletteAreStaged) {
       }
     }
   }
+  // The batch is the staged case (palette format 0 is the one all-FP16 format).
+  PageTables tables;
+  ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
+  const int64_t fp16 = std::count_if(tables.packed.begin(), tables.packed.end(),
+                                     [](uint32_t e) { return PackedFormat(e) == 0; });
+  ASSERT_TRUE(gpu::FavoursStagedFp16(fp16, static_cast<int64_t>(tables.packed.size())))
+      << fp16 << " of " << tables.packed.size() << " pages FP16";
   for (int group : {1, 4, 8, 16}) {
     EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
   }
@@ -359,7 +368,7 @@ std::string ComparePageWeights(CachePair& pair, const std::vector<SequenceId>& s
 TEST(DecodeAttentionTest, RotatedKeys) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(17);
-  for (int palette : {1, 2, 3}) {  // 3: all NVFP4, the kernels with Q^T in shared memory
+  for (int palette : {1, 2, 3, 4}) {  // 3, 4: all NVFP4, all E4M3 (Q^T in shared memory)
     SCOPED_TRACE(absl::StrJoin(Palettes()[palette], " "));
     Options o = MakeOptions(Palettes()[palette], 512);
     o.key_rotation = KeyRotation::kHadamard;
@@ -567,20 +576,20 @@ std::unique_ptr<Cache> OneSequence(Options o, BackendKind backend, int64_t token
   return cache;
 }
 
-// Mixed-format palettes (with NVFP4, and without: page LSEs kept in L2) and an all-NVFP4 one (its
-// own kernels), GQA groups (rows of page LSEs padded to even, PageLseRow: groups 4, 7 (a row of 8
-// with its padding) 8 and 16 load a page's LSEs of 4 heads at once, 1 (a row of 2) and 6 one by
-// one, 6 in a partial second load), ragged lengths (short, long enough to split), both layers
-// max-accumulated into one buffer, with and without NaN query heads.
 // A prepared step keeps the FP16 staging its first tables chose (TableExtent::entries_of): made
 // over all-FP16 tables of a mixed palette (staged), captured, then updated to tables whose full
-// blocks were demoted (FP16 now a minority, which a fresh call would read directly, with another
-// split), its graph replays with the bits of the same call uncaptured.
+// blocks were demoted and whose sequences have more than doubled (FP16 now a minority of more
+// entries, which a fresh call would read directly, with another split), its graph replays with
+// the bits of the same call uncaptured.
 TEST(DecodeAttentionTest, PreparedStepKeepsItsFp16Staging) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(47);
   auto pair = CachePair::Create(MakeOptions(Palettes()[1], 512)).value();
   const std::vector<int64_t> lengths = {100, 1000, TestScale(3000)};
+  // Each sequence grows by its length and 48 tokens: at least twice its pages and one more.
+  std::vector<int64_t> added;
+  for (int64_t length : lengths) added.push_back(length + 48);
+  const int32_t max_pages = static_cast<int32_t>((2 * lengths.back() + 48 + 15) / 16);
   std::vector<SequenceId> seqs;
   for (size_t i = 0; i < lengths.size(); ++i) seqs.push_back(pair->AddSequence());
   ASSERT_TRUE(pair->AppendBatch(seqs, lengths).ok());
@@ -589,7 +598,8 @@ TEST(DecodeAttentionTest, PreparedStepKeepsItsFp16Staging) {
   ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(pair->gpu(), tables, {stream});
+  absl::StatusOr<PreparedDecode> step =
+      PreparedDecode::Create(pair->gpu(), tables, {stream}, max_pages);
   ASSERT_TRUE(step.ok()) << step.status();
   const int q_heads = 8 * 4;
   const size_t rows = seqs.size() * q_heads, n = rows * 128;
@@ -628,6 +638,8 @@ TEST(DecodeAttentionTest, PreparedStepKeepsItsFp16Staging) {
     }
   }
   ASSERT_TRUE(pair->Demote(full, 3).ok());
+  ASSERT_TRUE(pair->AppendBatch(seqs, added, /*same_pages=*/false).ok());
+  pair->WriteAllLayers(&rng, /*specials=*/false);
   ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
   ASSERT_TRUE(step->Update(tables).ok());
   ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
@@ -643,6 +655,11 @@ TEST(DecodeAttentionTest, PreparedStepKeepsItsFp16Staging) {
   cudaStreamDestroy(stream);
 }
 
+// Mixed-format palettes (with NVFP4, and without: page LSEs kept in L2) an all-NVFP4 and an all-E4M3
+// one (kernels of their own), GQA groups (rows of page LSEs padded to even, PageLseRow: groups 4, 7 (a row of 8
+// with its padding) 8 and 16 load a page's LSEs of 4 heads at once, 1 (a row of 2) and 6 one by
+// one, 6 in a partial second load), ragged lengths (short, long enough to split), both layers
+// max-accumulated into one buffer, with and without NaN query heads.
 TEST(DecodeAttentionTest, PageWeightsMatchTheReference) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(31);
