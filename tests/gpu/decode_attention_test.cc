@@ -577,10 +577,10 @@ std::unique_ptr<Cache> OneSequence(Options o, BackendKind backend, int64_t token
 }
 
 // A prepared step keeps the FP16 staging its first tables chose (TableExtent::entries_of): made
-// over all-FP16 tables of a mixed palette (staged), captured, then updated to tables whose full
-// blocks were demoted and whose sequences have more than doubled (FP16 now a minority of more
-// entries, which a fresh call would read directly, with another split), its graph replays with
-// the bits of the same call uncaptured.
+// over all-FP16 tables of a mixed palette (staged), captured, then updated to tables whose
+// sequences have more than doubled and whose full blocks were all demoted (FP16 now only the
+// partial tails of more entries, which a fresh call would read directly, with another split),
+// its graph replays with the bits of the same call uncaptured.
 TEST(DecodeAttentionTest, PreparedStepKeepsItsFp16Staging) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(47);
@@ -589,7 +589,8 @@ TEST(DecodeAttentionTest, PreparedStepKeepsItsFp16Staging) {
   // Each sequence grows by its length and 48 tokens: at least twice its pages and one more.
   std::vector<int64_t> added;
   for (int64_t length : lengths) added.push_back(length + 48);
-  const int32_t max_pages = static_cast<int32_t>((2 * lengths.back() + 48 + 15) / 16);
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  const int32_t max_pages = static_cast<int32_t>((2 * longest + 48 + 15) / 16);
   std::vector<SequenceId> seqs;
   for (size_t i = 0; i < lengths.size(); ++i) seqs.push_back(pair->AddSequence());
   ASSERT_TRUE(pair->AppendBatch(seqs, lengths).ok());
@@ -630,6 +631,8 @@ TEST(DecodeAttentionTest, PreparedStepKeepsItsFp16Staging) {
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   ASSERT_TRUE(captured.ok()) << captured;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_TRUE(pair->AppendBatch(seqs, added).ok());
+  pair->WriteAllLayers(&rng, /*specials=*/false);
   std::vector<BlockId> full;
   for (SequenceId s : seqs) {
     const std::vector<BlockId> blocks = pair->gpu().SequenceBlocks(s).value();
@@ -638,8 +641,6 @@ TEST(DecodeAttentionTest, PreparedStepKeepsItsFp16Staging) {
     }
   }
   ASSERT_TRUE(pair->Demote(full, 3).ok());
-  ASSERT_TRUE(pair->AppendBatch(seqs, added, /*same_pages=*/false).ok());
-  pair->WriteAllLayers(&rng, /*specials=*/false);
   ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
   ASSERT_TRUE(step->Update(tables).ok());
   ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
