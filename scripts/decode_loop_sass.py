@@ -16,11 +16,14 @@ all-NVFP4 kernel since session 19 estimates 487 (499).
   scripts/decode_loop_sass.py '1, 5, PageLse::kNone, true, kNvfp4Kinds' [--opcodes]
   scripts/decode_loop_sass.py '1, 5, PageLse::kNone, true, kAnyKinds' --nvfp4-only
 Run from the repository root, on the working tree as it is (apply a variant's patch first);
-it writes nothing there.
+it writes nothing there. Needs nvcc and cuobjdump on PATH; where the toolkit lacks cuobjdump,
+the NVIDIA wheel has it: `pip download --no-deps nvidia-cuda-cuobjdump`, then unzip its
+nvidia/cu13/bin/cuobjdump (13.5 reads nvcc 13.0's sm_90 cubins).
 """
 import collections
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -109,6 +112,8 @@ def main():
             sys.exit(ptxas.stderr)
         usage = [l.strip() for l in ptxas.stderr.splitlines() if 'Used' in l or 'spill' in l]
         print('\n'.join(usage[:2]))
+        if shutil.which('cuobjdump') is None:
+            sys.exit('cuobjdump is not on PATH (this script\'s docstring says where to get it)')
         sass = subprocess.run(['cuobjdump', '-sass', cubin], capture_output=True,
                               text=True, check=True).stdout
     body = page_loop(parse(sass), int(args[0].split(',')[0]))
