@@ -105,7 +105,7 @@ void DecodeAttentionCall(const PyCache& c, int32_t layer, const py::object& batc
   const FloatTensor lt(lse, at, {rows, heads}, "lse");
   const float scale = softmax_scale.value_or(1.f / std::sqrt(static_cast<float>(g.head_dim)));
   const DecodeQueries queries{qt.span(), static_cast<int32_t>(heads), scale};
-  const DecodeOutputs outputs{ot.span(), lt.span(), {}, 0};
+  const DecodeOutputs outputs{ot.span(), lt.span(), {}, 0, {}};
   const DeviceLaunch launch{reinterpret_cast<void*>(stream), synchronize};
   if (prepared) {
     Check(DecodeAttention(*c.cache, layer, batch.cast<const PreparedDecode&>(), queries,

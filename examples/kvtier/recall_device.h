@@ -41,7 +41,7 @@ class DeviceBuffer {
 
  private:
   void* data_ = nullptr;
-  size_t bytes_ = 0;
+  [[maybe_unused]] size_t bytes_ = 0;  // read by the CUDA build only
 };
 
 }  // namespace kvtier::tool
