@@ -143,6 +143,9 @@ bool ValueScalesUniform(const PagedDecodeParams& p);
 inline bool FavoursStagedFp16(int64_t fp16_entries, int64_t entries) {
   return 2 * fp16_entries > entries;
 }
+// The same for a batch over p's pools with entries_of[f] packed pages in format f.
+// REQUIRES: p's pools and num_formats are set; entries_of has num_formats counts.
+bool FavoursStagedFp16(const PagedDecodeParams& p, const int64_t* entries_of);
 
 // Enqueues the decode kernel and, with num_splits > 1, the merge of its partial states; with
 // page_weight set, the page weights: a kernel after it when not split, blocks in the merge's

@@ -215,6 +215,15 @@ cudaError_t LaunchSplitMerge(const PagedDecodeParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+bool FavoursStagedFp16(const PagedDecodeParams& p, const int64_t* entries_of) {
+  int64_t fp16 = 0, all = 0;
+  for (int f = 0; f < p.num_formats; ++f) {
+    fp16 += AllFp16(p.pools[f].layout) ? entries_of[f] : 0;
+    all += entries_of[f];
+  }
+  return FavoursStagedFp16(fp16, all);
+}
+
 cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int32_t num_sms,
                               DecodeSplit* split) {
   PagedDecodeParams k = p;

@@ -147,10 +147,10 @@ __device__ __forceinline__ int2 EntriesOf(const PagedDecodeParams& p, int b) {
 }
 
 // Weights block x of sequence b, of kWarps warps: entries x * kWeightEntries ... of the KV heads
-// kv_first + warp, kv_first + warp + kv_step, ... (kSplit: the
-// final LSEs from the splits' partial ones, else from p.lse; kKeptInL2: the page LSEs were stored
-// with PageLse::kKeptInL2, and are read as streaming; kQuads: a page's row of LSEs (PageLseRow)
-// is a multiple of 4 floats and p.page_lse 16-byte aligned). A lane loads the final LSEs of
+// kv_first + warp, kv_first + warp + kv_step, ... (kSplit: the final LSEs from the splits'
+// partial ones, else from p.lse; kKeptInL2: the page LSEs were stored with PageLse::kKeptInL2,
+// and are read as streaming; kQuads: a page's row of LSEs (PageLseRow) is a multiple of 4 floats
+// and p.page_lse 16-byte aligned). A lane loads the final LSEs of
 // kHeadsAtOnce heads and their page LSEs on each of its pages before it waits for any: the
 // loads' latency, not their bytes, bounds this step (a wave of blocks covers batch 64 x 32K).
 // `entries`: EntriesOf(p, b). REQUIRES: every thread of the block calls it, after
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kWeightWarps * 32, 8)
 // Split launch. Block i < m.rows merges row i, its first round of outputs loaded early (as the
 // plain merge: 3 blocks per SM leave the registers for it without a spill); block m.rows + y *
 // x_blocks + x * kv_parts + k is weights block x of sequence y for KV heads k * kMergeWarps ...
-// (k * kMergeWarps + kMergeWarps - 1) (KvParts: a warp per KV head).
+// (k * kMergeWarps + kMergeWarps - 1) (kv_parts of them: a warp per KV head).
 template <bool kKeptInL2, bool kQuads>
 __global__ void __launch_bounds__(kMergeWarps * 32, 3)
     MergeAndWeighKernel(const MergeStatesParams m, const PagedDecodeParams p, int x_blocks,

@@ -129,19 +129,14 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
                          const TableExtent& extent, const DecodeQueries& queries,
                          const DecodeOutputs& outputs, const DeviceLaunch& launch) {
   gpu::PagedDecodeParams p;
-  // How FP16 pages are read follows entries_of alone, which a PreparedDecode keeps from its
-  // first tables (TableExtent), not the current entries: its launches then agree.
-  int64_t fp16_entries = 0, counted_entries = 0;
   for (size_t f = 0; f < kv.formats.size(); ++f) {
     const PagedLayer::Format& format = kv.formats[f];
     p.pools[f] = {format.base, format.layout, format.k_tensor_scale, format.v_tensor_scale};
-    if (format.layout.k.type == ElementType::kFp16 && format.layout.v.type == ElementType::kFp16) {
-      fp16_entries += extent.entries_of[f];
-    }
-    counted_entries += extent.entries_of[f];
   }
   p.num_formats = static_cast<int32_t>(kv.formats.size());
-  p.stage_fp16 = gpu::FavoursStagedFp16(fp16_entries, counted_entries);
+  // From entries_of alone, which a PreparedDecode keeps from its first tables (TableExtent), not
+  // the current entries: its launches then agree.
+  p.stage_fp16 = gpu::FavoursStagedFp16(p, extent.entries_of.data());
   const int32_t batch = static_cast<int32_t>(extent.batch);
   int device = 0, sms = 0;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));

@@ -632,13 +632,7 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
   }
   const size_t rows = static_cast<size_t>(batch) * kQHeads;
   p.num_formats = static_cast<int32_t>(formats);
-  int64_t fp16_pages = 0;  // as the library decides stage_fp16 (src/cuda/cuda_decode_attention.cc)
-  for (size_t f = 0; f < formats; ++f) {
-    const bool fp16 =
-        layouts[f].k.type == ElementType::kFp16 && layouts[f].v.type == ElementType::kFp16;
-    fp16_pages += fp16 ? count[f] : 0;
-  }
-  p.stage_fp16 = gpu::FavoursStagedFp16(fp16_pages, static_cast<int64_t>(packed.size()));
+  p.stage_fp16 = gpu::FavoursStagedFp16(p, count.data());  // as the library decides it
   p.batch = batch;
   p.num_q_heads = kQHeads;
   p.num_kv_heads = kKvHeads;
