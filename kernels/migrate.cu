@@ -411,7 +411,7 @@ bool SidesAreOneTensor(const PageLayout& l) {
          (!page_scales || v.scale_offset == k.scale_offset + heads * scales_per_head * 4);
 }
 
-// The fast kernel for sources kSrc at `blocks` (2, 3 or 4) blocks per SM.
+// The fast kernel for sources kSrc at `blocks` (2 to 5) blocks per SM.
 template <SrcKind kSrc, bool kOneTensor>
 void LaunchFastKernel(const RequantizeParams& p, int blocks, dim3 grid, cudaStream_t stream) {
   constexpr int kThreads = kWarpsPerBlock * 32;
@@ -419,6 +419,8 @@ void LaunchFastKernel(const RequantizeParams& p, int blocks, dim3 grid, cudaStre
     RequantizeKernel<true, kSrc, 2, kOneTensor><<<grid, kThreads, 0, stream>>>(p);
   } else if (blocks == 4) {
     RequantizeKernel<true, kSrc, 4, kOneTensor><<<grid, kThreads, 0, stream>>>(p);
+  } else if (blocks == 5) {
+    RequantizeKernel<true, kSrc, 5, kOneTensor><<<grid, kThreads, 0, stream>>>(p);
   } else {
     RequantizeKernel<true, kSrc, 3, kOneTensor><<<grid, kThreads, 0, stream>>>(p);
   }
@@ -449,7 +451,7 @@ cudaError_t LaunchRequantize(const RequantizeParams& p, cudaStream_t stream) {
   const bool e4m3 = p.src.k.type == ElementType::kFp8E4M3 && p.src.v.type == ElementType::kFp8E4M3;
   const dim3 grid(static_cast<unsigned>((items + kWarpsPerBlock - 1) / kWarpsPerBlock),
                   static_cast<unsigned>(p.num_layers));
-  const int blocks_per_sm = RequantizeBlocksPerSm(p.variant, p.dst);
+  const int blocks_per_sm = RequantizeBlocksPerSm(p.variant, p.src, p.dst);
   if (!p.fast) {
     RequantizeKernel<false, SrcKind::kAny, 2><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
   } else if (e4m3) {

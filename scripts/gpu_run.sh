@@ -16,7 +16,7 @@
 #   gpu_run.sh migration   after a change to the migration kernels alone (kernels/migrate.cu and
 #                          the codecs they use), in about 2 minutes: the data-plane GPU tests (the
 #                          fast-codec self-check, the parity of every palette pair with the CPU
-#                          backend), the parity and stress tests at 2, 3 and 4 blocks per SM, the
+#                          backend), the parity and stress tests at 2 to 5 blocks per SM, the
 #                          data-plane benchmarks (JSON) and memcheck of the parity tests (scale
 #                          0.2).
 # Writes summary.txt, the benchmarks' JSON and the logs (logs-PART.tar.gz) under $OUT (default
@@ -52,7 +52,7 @@ step() {  # name, timeout seconds, command...
 }
 # The parity and stress tests again with the other migration kernel occupancies.
 other_occupancies() {
-  for blocks in 2 3 4; do
+  for blocks in 2 3 4 5; do
     step "tests_migrate$blocks" 40 env KVTIER_CUDA_MIGRATE=$blocks bundle/kvtier_gpu_tests \
       --gtest_filter='CudaParityTest.EveryPalette*:CudaStressTest.Tiny*'
   done

@@ -98,13 +98,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create() {
 CudaBackend::CudaBackend(const DriverApi* api, int device) : api_(api), device_(device) {}
 
 absl::Status CudaBackend::Init() {
-  // KVTIER_CUDA_MIGRATE=auto|2|3|4: blocks per SM of the Requantize kernel (default auto:
-  // chosen per destination format, kernels/migrate_occupancy.h), for benchmarks and tests.
+  // KVTIER_CUDA_MIGRATE=auto|2|3|4|5: blocks per SM of the Requantize kernel (default auto:
+  // chosen per source and destination format, kernels/migrate_occupancy.h), for benchmarks and
+  // tests.
   if (const char* form = std::getenv("KVTIER_CUDA_MIGRATE");
       form != nullptr && !gpu::ParseRequantizeVariant(form, &variant_)) {
     return absl::InvalidArgumentError(
         absl::StrCat("KVTIER_CUDA_MIGRATE=", form,
-                     ": expected auto, 2, 3 or 4 (blocks per SM of the migration kernel)"));
+                     ": expected auto, 2, 3, 4 or 5 (blocks per SM of the migration kernel)"));
   }
   KVTIER_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));

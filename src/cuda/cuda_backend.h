@@ -65,7 +65,7 @@ class CudaBackend final : public Backend {
 
   // Unavailable when there is no driver or device; FailedPrecondition when the device is not
   // sm_90 or lacks virtual-memory management; InvalidArgument when KVTIER_CUDA_MIGRATE is set
-  // to anything but auto, 2, 3 or 4.
+  // to anything but auto, 2, 3, 4 or 5.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create();
   ~CudaBackend() override;
 

@@ -720,7 +720,8 @@ void RunDataPlane(cudaStream_t stream, CudaBackend* backend, std::vector<Result>
   for (const auto& [variant, suffix] :
        {std::pair{gpu::RequantizeVariant::kTwoBlocksPerSm, "_2_blocks_per_sm"},
         std::pair{gpu::RequantizeVariant::kThreeBlocksPerSm, "_3_blocks_per_sm"},
-        std::pair{gpu::RequantizeVariant::kFourBlocksPerSm, "_4_blocks_per_sm"}}) {
+        std::pair{gpu::RequantizeVariant::kFourBlocksPerSm, "_4_blocks_per_sm"},
+        std::pair{gpu::RequantizeVariant::kFiveBlocksPerSm, "_5_blocks_per_sm"}}) {
     for (const auto& [from, to, name] :
          {std::tuple{"fp16", "fp8_e4m3/block_head", "fp16_to_fp8_e4m3_block_head"},
           std::tuple{"fp16", "nvfp4/block_head", "fp16_to_nvfp4_block_head"},
