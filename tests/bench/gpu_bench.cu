@@ -496,6 +496,10 @@ int BalancedFormat(int64_t page, int64_t pages) {
   return page >= pages - 16 - 128 ? 1 : 2;
 }
 
+// An engine's palette of FP16 and one smaller format: the first page and the last 16 FP16,
+// everything between in format 1.
+int Fp16TailFormat(int64_t page, int64_t pages) { return page == 0 || page >= pages - 16 ? 0 : 1; }
+
 // How a decode row runs: as a cache with rotated keys (Options::key_rotation) runs it, the
 // kernel rotating the queries as it loads them (PagedDecodeParams::rotate_queries), as
 // CudaDecodeAttention does; and with page weights (PagedDecodeParams::page_weight: the page
@@ -779,6 +783,8 @@ int Main(int argc, char** argv) {
       {"fp16_in_mix_palette",
        {"fp16", "fp8_e4m3/block_head", "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
        [](int64_t, int64_t) { return 0; }},
+      {"fp16_tail_nvfp4", {"fp16", "nvfp4/block_head"}, Fp16TailFormat},
+      {"fp16_tail_fp8", {"fp16", "fp8_e4m3/block_head"}, Fp16TailFormat},
   };
   std::vector<int> batches = {1, 8, 64, 256};
   std::vector<int64_t> contexts = {1024, 8192, 32768, 131072};
