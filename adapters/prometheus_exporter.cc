@@ -116,7 +116,8 @@ void AddRemote(Builder& b, const RemoteTierStats& r) {
   MetricFamily& errors = b.Family("kvtier_remote_errors_total", "Remote tier failures by kind: each a miss or a dropped write.", MetricType::Counter);
   const std::pair<const char*, int64_t> kinds[] = {
       {"unavailable", r.unavailable}, {"timeout", r.timeouts}, {"corrupt", r.corrupt_values},
-      {"mismatch", r.mismatched_values}, {"server_error", r.server_errors},
+      {"mismatch", r.mismatched_values},
+      {"unauthenticated", r.unauthenticated_values}, {"server_error", r.server_errors},
       {"queue_full", r.dropped_writes}, {"import", r.import_failures}};
   for (const auto& [kind, n] : kinds) Builder::Add(errors, {{"kind", kind}}, static_cast<double>(n));
   b.Counter("kvtier_remote_reconnects_total", "Connections to the remote tier made after the first.", static_cast<double>(r.reconnects));

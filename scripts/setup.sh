@@ -13,7 +13,7 @@ packages=(
   python3 python3-pip prometheus curl
   pybind11-dev python3-dev python3-numpy python3-pytest
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack python3-cbor2
-  libhiredis-dev redis-server
+  libhiredis-dev redis-server libssl-dev
 )
 
 missing=()

@@ -37,6 +37,7 @@ bool HasTensorScale(const FormatSpec& f) {
 RemoteBlockSpec CacheImpl::RemoteSpec() const {
   RemoteBlockSpec spec;
   spec.identity = remote_->identity();
+  spec.mac = remote_->mac();
   spec.geometry = options_.geometry;
   spec.palette = options_.palette;
   for (int f = 0; f < num_formats(); ++f) {
@@ -81,8 +82,9 @@ CacheImpl::RemoteFetch CacheImpl::FetchRemote(const SequenceOptions& options) {
     absl::StatusOr<DecodedBlock> block =
         DecodeRemoteBlock(spec, f.hashes[f.first + i], f.values[i]);
     if (!block.ok()) {
-      remote_->Report(absl::IsDataLoss(block.status()) ? RemoteTier::kCorrupt
-                                                       : RemoteTier::kMismatched,
+      remote_->Report(absl::IsDataLoss(block.status())          ? RemoteTier::kCorrupt
+                      : absl::IsUnauthenticated(block.status()) ? RemoteTier::kUnauthenticated
+                                                                : RemoteTier::kMismatched,
                       block.status());
       break;
     }
@@ -187,6 +189,7 @@ void CacheImpl::StageRemoteWrites() {
       }
       const uint32_t page_bytes = pages->layout(st.format).page_bytes;
       std::string value(kRemoteHeaderBytes + size_t{page_bytes} * layers, '\0');
+      if (spec.mac != nullptr) value.reserve(value.size() + RemoteMac::kTrailerBytes);  // signed
       for (int l = 0; l < layers; ++l) {
         std::memcpy(value.data() + kRemoteHeaderBytes + size_t{page_bytes} * l,
                     staging->View(st.slot, l, pages->layout(st.format)).base, page_bytes);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/page_layout.h"
 #include "src/redis_connection.h"
+#include "src/remote_mac.h"
 #include "src/status_macros.h"
 
 namespace kvtier {
@@ -134,7 +135,8 @@ absl::Status CheckEvents(const Options& o) {
   return CheckRange("kv_events_queue_batches", o.kv_events_queue_batches, 1, kMaxBatches);
 }
 
-// The remote tier: off, or a redis:// URL with a model id; its bounds either way.
+// The remote tier: off, or a redis:// URL with a model id and maybe a secret; its bounds either
+// way.
 absl::Status CheckRemoteTier(const Options& o) {
   absl::Status s = CheckRange("remote_timeout_ms", o.remote_timeout_ms, 1, 10000);
   if (s.ok()) s = CheckRange("remote_write_queue_blocks", o.remote_write_queue_blocks, 1, 65536);
@@ -148,7 +150,16 @@ absl::Status CheckRemoteTier(const Options& o) {
   if (o.remote_model_id.find('\0') != std::string::npos) {
     return Invalid("remote_model_id", "holds a NUL byte");
   }
-  if (o.remote_tier_url.empty()) return absl::OkStatus();
+  if (!o.remote_secret.empty() && o.remote_secret.size() < RemoteMac::kMinSecretBytes) {
+    return Invalid("remote_secret", absl::StrCat("is ", o.remote_secret.size(),
+                                                 " bytes long; at least ",
+                                                 RemoteMac::kMinSecretBytes, " are needed"));
+  }
+  if (o.remote_tier_url.empty()) {
+    return o.remote_secret.empty()
+               ? absl::OkStatus()
+               : Invalid("remote_secret", "is set, but remote_tier_url is empty");
+  }
   if (absl::StatusOr<RedisAddress> a = ParseRedisUrl(o.remote_tier_url); !a.ok()) {
     return Invalid("remote_tier_url", a.status().message());
   }

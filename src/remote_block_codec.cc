@@ -91,6 +91,7 @@ uint64_t RemoteIdentity(const Options& options) {
     bytes.resize(bytes.size() + 8);
     Put(&bytes, end + 23, options.key_rotation_seed, 8);
   }
+  if (!options.remote_secret.empty()) bytes += std::string("\0authenticated", 14);
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 
@@ -121,6 +122,7 @@ void SealRemoteBlock(const RemoteBlockSpec& spec, uint64_t block_hash, int forma
   Put(&out, 16, block_hash, 8);
   PutCodec(&out, 24, spec.palette[format].k);
   PutCodec(&out, 27, spec.palette[format].v);
+  Put(&out, 30, spec.mac != nullptr ? 1 : 0, 1);
   Put(&out, 32, static_cast<uint32_t>(g.num_layers), 4);
   Put(&out, 36, static_cast<uint32_t>(g.num_kv_heads), 4);
   Put(&out, 40, static_cast<uint32_t>(g.head_dim), 4);
@@ -145,7 +147,21 @@ absl::StatusOr<DecodedBlock> DecodeRemoteBlock(const RemoteBlockSpec& spec, uint
   if (Get(value, 6, 2) != kRemoteHeaderBytes) {
     return absl::DataLossError("remote value has a wrong header size");
   }
-  const absl::string_view payload = value.substr(kRemoteHeaderBytes);
+  // Whether a MAC trailer follows the payload, before any length is read.
+  if (spec.mac != nullptr && Get(value, 30, 1) != 1) {
+    return absl::UnauthenticatedError(
+        "remote value carries no MAC, and this cache has a remote_secret");
+  }
+  if (spec.mac == nullptr && Get(value, 30, 1) != 0) {
+    return absl::FailedPreconditionError(
+        "remote block signed with a remote_secret, which this cache lacks");
+  }
+  const size_t trailer = spec.mac != nullptr ? RemoteMac::kTrailerBytes : 0;
+  if (value.size() < kRemoteHeaderBytes + trailer) {
+    return absl::DataLossError("remote value is too short for its MAC trailer");
+  }
+  const absl::string_view payload =
+      value.substr(kRemoteHeaderBytes, value.size() - kRemoteHeaderBytes - trailer);
   if (Get(value, 64, 8) != payload.size()) {
     return absl::DataLossError(absl::StrCat("remote value holds ", payload.size(),
                                             " payload bytes, its header says ", Get(value, 64, 8)));
@@ -154,10 +170,16 @@ absl::StatusOr<DecodedBlock> DecodeRemoteBlock(const RemoteBlockSpec& spec, uint
     return absl::DataLossError("remote value fails its checksum");
   }
   // Bytes the writer sets to zero: another layout of this version would not be read as this one.
-  if (Get(value, 30, 2) != 0 || Get(value, 52, 4) != 0) {
+  if (Get(value, 31, 1) != 0 || Get(value, 52, 4) != 0) {
     return absl::DataLossError("remote value has non-zero reserved header bytes");
   }
-  if (Get(value, 8, 8) != spec.identity) return Mismatch("model identity", Get(value, 8, 8), spec.identity);
+  if (spec.mac != nullptr && !spec.mac->Verify(value)) {
+    return absl::UnauthenticatedError(
+        "remote value fails its MAC: written without this cache's remote_secret, or altered");
+  }
+  if (Get(value, 8, 8) != spec.identity) {
+    return Mismatch("model identity", Get(value, 8, 8), spec.identity);
+  }
   if (Get(value, 16, 8) != block_hash) return Mismatch("block hash", Get(value, 16, 8), block_hash);
   for (size_t f = 0; f < spec.palette.size(); ++f) {
     if (!SameCodec(value, 24, spec.palette[f].k) || !SameCodec(value, 27, spec.palette[f].v)) {

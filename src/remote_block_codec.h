@@ -3,10 +3,12 @@
 // Key:   "kvtier:" hex16(identity) ":" hex16(block hash), where identity is
 //        XXH3("kvtier-remote" || le32(codec version) || le32 geometry (layers, kv heads,
 //        head_dim, block_tokens) || model id [|| "\0key_rotation=hadamard:" || le64(seed)
-//        when keys are rotated]), so that blocks of another model, geometry, codec version or
-//        key rotation are never even looked up.
+//        when keys are rotated] [|| "\0authenticated" with Options::remote_secret]), so that
+//        blocks of another model, geometry, codec version, key rotation or authentication are
+//        never even looked up.
 // Value: an 80-byte little-endian header, then the block's page bytes of every layer in
-//        layer order (layers x page_bytes), exactly as they lie in a page of the format:
+//        layer order (layers x page_bytes), exactly as they lie in a page of the format, then,
+//        with a secret, RemoteMac's trailer over all of that (28 bytes, remote_mac.h):
 //
 //   off size field
 //     0    4 magic "KVTR"
@@ -14,7 +16,8 @@
 //     6    2 header bytes (80)
 //     8    8 identity
 //    16    8 block hash (the key's): a value stored under another key is refused
-//    24    6 format: K (element type, scale scope, micro axis), then V; 2 bytes zero
+//    24    6 format: K (element type, scale scope, micro axis), then V
+//    30    1 flags: 1 when the value ends with a MAC trailer, else 0; 1 byte zero
 //    32   16 geometry: layers, kv heads, head_dim, block_tokens (le32 each)
 //    48    4 page bytes; 4 bytes zero
 //    56    8 scales digest: XXH3 of the per-tensor scales of every layer for a format with a
@@ -23,8 +26,8 @@
 //    72    8 checksum: XXH3 of bytes [0, 72) followed by the payload
 //
 // A value is accepted only when every field matches what the reading cache would write itself,
-// zero bytes included. The checksum guards against corruption, not against a writer: whoever can
-// write to the Redis server can place K/V under any prefix (docs/tiers.md, "Trust").
+// zero bytes included. The checksum guards against corruption, not against a writer; the MAC,
+// with a secret, against writers without it (docs/tiers.md, "Trust").
 //
 // Thread-safe (pure functions).
 #ifndef KVTIER_SRC_REMOTE_BLOCK_CODEC_H_
@@ -37,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kvtier/options.h"
+#include "src/remote_mac.h"
 
 namespace kvtier {
 
@@ -50,6 +54,9 @@ struct RemoteBlockSpec {
   std::vector<FormatSpec> palette;
   std::vector<uint32_t> page_bytes;    // [format]
   std::vector<uint64_t> scales_digest;  // [format], now (per-tensor scales may change)
+  // With Options::remote_secret (RemoteTier::mac()): values end with its trailer, which
+  // RemoteTier signs and DecodeRemoteBlock verifies. Default: null (no trailer).
+  const RemoteMac* mac = nullptr;
 };
 
 uint64_t RemoteIdentity(const Options& options);
@@ -61,8 +68,8 @@ std::string RemoteKey(uint64_t identity, uint64_t block_hash);
 
 // Makes `value`, whose bytes from kRemoteHeaderBytes on hold the payload of block
 // `block_hash` in palette format `format` (staged there without a copy), a whole value by
-// writing its header. REQUIRES: value->size() == kRemoteHeaderBytes + layers x
-// spec.page_bytes[format].
+// writing its header (with spec.mac, a value to sign: RemoteMac::Sign appends the trailer).
+// REQUIRES: value->size() == kRemoteHeaderBytes + layers x spec.page_bytes[format].
 void SealRemoteBlock(const RemoteBlockSpec& spec, uint64_t block_hash, int format,
                      std::string* value);
 
@@ -71,8 +78,10 @@ struct DecodedBlock {
   absl::string_view payload;  // into the value: layers x page_bytes
 };
 // The block in `value`, read under the key of `block_hash`. DataLoss when the value is not a
-// whole, intact kvtier block (short, bad magic, lengths, checksum); FailedPrecondition when it
-// is one of another identity, key, codec version, geometry, format, page size or scales.
+// whole, intact kvtier block (short, bad magic, lengths, checksum); Unauthenticated, with
+// spec.mac, when it has no trailer or one that fails to verify; FailedPrecondition when it is
+// one of another identity, key, codec version, geometry, format, page size or scales, or, without
+// spec.mac, a signed one.
 absl::StatusOr<DecodedBlock> DecodeRemoteBlock(const RemoteBlockSpec& spec, uint64_t block_hash,
                                                absl::string_view value);
 

@@ -20,8 +20,9 @@ const char* KindName(RemoteTier::Counter kind) {
     case RemoteTier::kTimeouts: return "timeout";
     case RemoteTier::kCorrupt: return "corrupt value";
     case RemoteTier::kMismatched: return "value of another model, geometry, codec or format";
+    case RemoteTier::kUnauthenticated: return "value without this cache's MAC";
     case RemoteTier::kServerErrors: return "server refused";
-    case RemoteTier::kDroppedWrites: return "write queue full";
+    case RemoteTier::kDroppedWrites: return "write dropped";
     case RemoteTier::kImportFailures: return "block read but not attached";
     default: return "error";
   }
@@ -35,13 +36,23 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Create(const Options& op
     return absl::InvalidArgumentError(
         absl::StrCat("remote_tier_url: ", address.status().message()));
   }
-  return std::unique_ptr<RemoteTier>(new RemoteTier(options, *std::move(address)));
+  std::optional<RemoteMac> mac;
+  if (!options.remote_secret.empty()) {
+    absl::StatusOr<RemoteMac> made = RemoteMac::Create(options.remote_secret);
+    if (!made.ok()) return made.status();
+    mac.emplace(*made);
+  }
+  return std::unique_ptr<RemoteTier>(new RemoteTier(options, *std::move(address), mac));
 }
 
-RemoteTier::RemoteTier(const Options& options, RedisAddress address)
+RemoteTier::RemoteTier(const Options& options, RedisAddress address,
+                       std::optional<RemoteMac> mac)
     : identity_(RemoteIdentity(options)),
-      max_value_bytes_(kRemoteHeaderBytes + size_t{LargestPageBytes(options)} *
-                                                static_cast<size_t>(options.geometry.num_layers)),
+      mac_(mac),
+      max_value_bytes_(kRemoteHeaderBytes +
+                       size_t{LargestPageBytes(options)} *
+                           static_cast<size_t>(options.geometry.num_layers) +
+                       (mac ? RemoteMac::kTrailerBytes : 0)),
       timeout_(options.remote_timeout_ms),
       queue_capacity_(static_cast<size_t>(options.remote_write_queue_blocks)),
       lookup_(address, options.remote_timeout_ms),
@@ -86,8 +97,12 @@ void RemoteTier::WriterLoop() {
       queue_.pop_front();
       stopping = stop_;
     }
+    absl::Status signed_ok;
+    if (!give_up && mac_) signed_ok = mac_->Sign(&write.value);
     if (give_up) {
       Count(kDroppedWrites);
+    } else if (!signed_ok.ok()) {
+      Report(kDroppedWrites, signed_ok);
     } else if (const absl::Status s = writer_.Set(RemoteKey(identity_, write.hash), write.value);
                s.ok()) {
       Count(kWrittenBlocks);
@@ -175,6 +190,7 @@ void RemoteTier::Fill(RemoteTierStats* s) const {
       {kTimeouts, &RemoteTierStats::timeouts},
       {kCorrupt, &RemoteTierStats::corrupt_values},
       {kMismatched, &RemoteTierStats::mismatched_values},
+      {kUnauthenticated, &RemoteTierStats::unauthenticated_values},
       {kServerErrors, &RemoteTierStats::server_errors},
       {kDroppedWrites, &RemoteTierStats::dropped_writes},
       {kImportFailures, &RemoteTierStats::import_failures}};

@@ -8,7 +8,8 @@
 // over a second connection, pipelined in windows of kLookupWindow keys, and gives up at the
 // first missing key, on any error, and once the timeout has passed since it began. Every
 // failure is counted by kind (RemoteTierStats) and logged to stderr at most once per kind
-// every 10 s; none is returned to the cache's caller.
+// every 10 s; none is returned to the cache's caller. With Options::remote_secret the writer
+// signs each value (remote_mac.h) before storing it, off the step's thread.
 //
 // Thread-safe.
 #ifndef KVTIER_SRC_REMOTE_TIER_H_
@@ -21,6 +22,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +35,7 @@
 #include "src/histogram.h"
 #include "src/mutex.h"
 #include "src/redis_connection.h"
+#include "src/remote_mac.h"
 
 namespace kvtier {
 
@@ -40,20 +43,24 @@ class RemoteTier {
  public:
   enum Counter {
     kHitBlocks, kHitTokens, kMissedBlocks, kWrittenBlocks, kBytesRead, kBytesWritten,
-    kUnavailable, kTimeouts, kCorrupt, kMismatched, kServerErrors, kDroppedWrites,
-    kImportFailures, kNumCounters
+    kUnavailable, kTimeouts, kCorrupt, kMismatched, kUnauthenticated, kServerErrors,
+    kDroppedWrites, kImportFailures, kNumCounters
   };
   static constexpr size_t kLookupWindow = 8;
 
   // Starts the writer. Connects lazily: a server that is down costs misses, not an error.
-  // InvalidArgument for a remote_tier_url that is not redis://HOST[:PORT].
+  // InvalidArgument for a remote_tier_url that is not redis://HOST[:PORT] or a remote_secret
+  // shorter than RemoteMac::kMinSecretBytes.
   static absl::StatusOr<std::unique_ptr<RemoteTier>> Create(const Options& options);
   // Stops the writer after the writes still queued, giving up on them at the first failure.
   ~RemoteTier();
 
   uint64_t identity() const { return identity_; }
+  // The MAC that values carry, from Options::remote_secret; null without one.
+  const RemoteMac* mac() const { return mac_ ? &*mac_ : nullptr; }
 
-  // Queues `value` to be stored under block `hash`. False, counted, when the queue is full.
+  // Queues `value` to be stored under block `hash`, signed first with a secret (mac()). False,
+  // counted, when the queue is full.
   bool Put(uint64_t hash, std::string value);
   // The values under the keys of `hashes`, in order, up to the first key without one; fewer
   // when the server is unreachable, slow or errs (counted). Takes about remote_timeout_ms at
@@ -74,10 +81,11 @@ class RemoteTier {
     uint64_t hash;
     std::string value;
   };
-  RemoteTier(const Options& options, RedisAddress address);
+  RemoteTier(const Options& options, RedisAddress address, std::optional<RemoteMac> mac);
   void WriterLoop();
 
   const uint64_t identity_;
+  const std::optional<RemoteMac> mac_;
   // The longest value this cache writes (its largest format's block); a longer one is read only
   // that far, one byte past, and refused.
   const size_t max_value_bytes_;

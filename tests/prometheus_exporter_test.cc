@@ -82,6 +82,7 @@ TEST(PrometheusExporterTest, ExportsTheRemoteTierByKind) {
            "kvtier_remote_errors_total{kind=\"unavailable\"} 1",
            "kvtier_remote_errors_total{kind=\"timeout\"} 0",
            "kvtier_remote_errors_total{kind=\"corrupt\"} 0",
+           "kvtier_remote_errors_total{kind=\"unauthenticated\"} 0",
            "kvtier_remote_errors_total{kind=\"queue_full\"} 0",
            "kvtier_remote_blocks_total{op=\"read\"} 0",
            "kvtier_remote_bytes_total{op=\"write\"} 0",

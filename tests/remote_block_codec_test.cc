@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "src/redis_connection.h"
+#include "src/remote_mac.h"
 #include "tests/test_util.h"
 
 namespace kvtier {
@@ -79,7 +80,7 @@ TEST(RemoteBlockCodecTest, DamagedValuesAreDataLossAndForeignOnesFailedPrecondit
 // another layout of this version would): refused, not read as this layout.
 TEST(RemoteBlockCodecTest, ReservedHeaderBytesMustBeZero) {
   const RemoteBlockSpec spec = Spec();
-  for (const size_t at : {30, 31, 52, 55}) {
+  for (const size_t at : {31, 52, 55}) {
     std::string v = Value(spec, 77, 0);
     v[at] = 1;
     const std::string checked = v.substr(0, 72) + v.substr(kRemoteHeaderBytes);
@@ -91,6 +92,44 @@ TEST(RemoteBlockCodecTest, ReservedHeaderBytesMustBeZero) {
   }
 }
 
+// With a secret (Options::remote_secret), a value decodes only when its MAC trailer verifies:
+// not one unsigned, signed under another secret, or altered with its checksum made right again
+// (as a writer without the secret could); and a cache without the secret refuses signed ones.
+TEST(RemoteBlockCodecTest, WithASecretOnlyIntactValuesSignedWithItDecode) {
+  const RemoteBlockSpec plain = Spec();
+  const RemoteMac mac = RemoteMac::Create("0123456789abcdef0123456789abcdef").value();
+  const RemoteMac other_mac = RemoteMac::Create("fedcba9876543210fedcba9876543210").value();
+  RemoteBlockSpec spec = plain;
+  spec.mac = &mac;
+  const std::string unsigned_value = Value(spec, 77, 1);
+  std::string good = unsigned_value, other = unsigned_value;
+  ASSERT_TRUE(mac.Sign(&good).ok());
+  ASSERT_TRUE(other_mac.Sign(&other).ok());
+  absl::StatusOr<DecodedBlock> block = DecodeRemoteBlock(spec, 77, good);
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ(block->format, 1);
+  EXPECT_EQ(block->payload, absl::string_view(unsigned_value).substr(kRemoteHeaderBytes));
+  // A payload byte changed and the checksum recomputed over header and payload.
+  std::string forged = good;
+  forged[kRemoteHeaderBytes + 5] ^= 1;
+  const std::string checked =
+      forged.substr(0, 72) + forged.substr(kRemoteHeaderBytes, unsigned_value.size() -
+                                                                   kRemoteHeaderBytes);
+  const uint64_t sum = XXH3_64bits(checked.data(), checked.size());
+  for (int i = 0; i < 8; ++i) forged[72 + i] = static_cast<char>(sum >> (8 * i));
+  auto code = [&](const RemoteBlockSpec& s, const std::string& v) {
+    return DecodeRemoteBlock(s, 77, v).status().code();
+  };
+  EXPECT_EQ(code(spec, forged), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(code(spec, other), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(code(spec, Value(plain, 77, 1)), absl::StatusCode::kUnauthenticated);
+  std::string tag_flipped = good;
+  tag_flipped.back() ^= 1;
+  EXPECT_EQ(code(spec, tag_flipped), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(code(spec, good.substr(0, good.size() - 1)), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(code(plain, good), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(RemoteBlockCodecTest, KeysSeparateModelsAndGeometries) {
   Options a = testing::SmallOptions();
   a.remote_model_id = "llama";
@@ -100,6 +139,12 @@ TEST(RemoteBlockCodecTest, KeysSeparateModelsAndGeometries) {
   c.geometry.block_tokens = 32;
   EXPECT_NE(RemoteIdentity(a), RemoteIdentity(b));
   EXPECT_NE(RemoteIdentity(a), RemoteIdentity(c));
+  // Caches with a secret keep to keys of their own, which say nothing of the secret.
+  Options d = a, e = a;
+  d.remote_secret = std::string(16, 'd');
+  e.remote_secret = std::string(32, 'e');
+  EXPECT_NE(RemoteIdentity(a), RemoteIdentity(d));
+  EXPECT_EQ(RemoteIdentity(d), RemoteIdentity(e));
   EXPECT_EQ(RemoteKey(0x1234, 0xabc), "kvtier:0000000000001234:0000000000000abc");
 }
 

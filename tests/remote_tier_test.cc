@@ -305,6 +305,38 @@ TEST_F(RemoteTierTest, GarbageTruncatedOversizedAndForeignValuesAreMissesCounted
   ExpectSameKV(*a, *d, prompt, 2);
 }
 
+// Caches sharing a secret share blocks, each value signed; a cache with another secret, and a
+// value that a writer without the secret placed under the key, are misses counted as
+// unauthenticated.
+TEST_F(RemoteTierTest, WithASecretOnlyValuesSignedWithItAreRead) {
+  Options o = RemoteOptions(server_.url());
+  o.remote_secret = std::string(32, 'k');
+  auto a = Make(o), b = Make(o);
+  const std::vector<int32_t> prompt = Prompt(3, 300);
+  Serve(*a, prompt);
+  EXPECT_EQ(Drain(*a).written_blocks, 3);
+  EXPECT_EQ(server_.Command({"GET", FirstKey(o, prompt)}).size(),
+            kRemoteHeaderBytes + 2 * 8192 + RemoteMac::kTrailerBytes);
+  ExpectSameKV(*a, *b, prompt, 3);
+  EXPECT_EQ(b->GetStats().remote.hit_blocks, 3);
+  Options wrong = o;
+  wrong.remote_secret = std::string(32, 'w');
+  auto c = Make(wrong);
+  EXPECT_EQ(Match(*c, prompt).cached_tokens, 0);
+  EXPECT_EQ(c->GetStats().remote.unauthenticated_values, 1);
+  Options plain = o;
+  plain.remote_secret.clear();
+  auto writer = Make(plain);
+  Serve(*writer, prompt);
+  Drain(*writer);
+  ASSERT_EQ(server_.Command({"COPY", FirstKey(plain, prompt), FirstKey(o, prompt), "REPLACE"}),
+            "1");
+  auto d = Make(o);
+  EXPECT_EQ(Match(*d, prompt).cached_tokens, 0);
+  EXPECT_EQ(d->GetStats().remote.unauthenticated_values, 1);
+  EXPECT_EQ(d->GetStats().remote.hit_blocks, 0);
+}
+
 // A server that sends its first reply whole, then the second a byte at a time, 10 ms apart:
 // every read returns within the timeout, so only a deadline for the call ends it, at about the
 // timeout (the second reply would take 1.1 s), the first reply kept.
@@ -542,6 +574,14 @@ TEST(RemoteTierOptionsTest, ABadUrlOrAMissingModelIdIsRefused) {
   EXPECT_EQ(ValidateOptions(o).code(), absl::StatusCode::kInvalidArgument);
   o.remote_model_id = "m";
   EXPECT_TRUE(ValidateOptions(o).ok());
+  o.remote_secret = std::string(15, 's');
+  EXPECT_EQ(ValidateOptions(o).code(), absl::StatusCode::kInvalidArgument);
+  o.remote_secret = std::string(16, 's');
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  o.remote_tier_url = "";  // a secret without a remote tier: a mistake, said so
+  EXPECT_EQ(ValidateOptions(o).code(), absl::StatusCode::kInvalidArgument);
+  o.remote_tier_url = "redis://127.0.0.1:6379";
+  o.remote_secret = "";
   o.remote_timeout_ms = 0;
   EXPECT_EQ(ValidateOptions(o).code(), absl::StatusCode::kInvalidArgument);
 }

@@ -90,6 +90,7 @@ py::dict StatsDict(const CacheStats& s) {
       "bytes_written"_a = r.bytes_written, "queued_blocks"_a = r.queued_blocks,
       "unavailable"_a = r.unavailable, "timeouts"_a = r.timeouts,
       "corrupt_values"_a = r.corrupt_values, "mismatched_values"_a = r.mismatched_values,
+      "unauthenticated_values"_a = r.unauthenticated_values,
       "server_errors"_a = r.server_errors, "dropped_writes"_a = r.dropped_writes,
       "import_failures"_a = r.import_failures, "reconnects"_a = r.reconnects,
       "lookup_seconds"_a = HistogramDict(r.lookup_seconds));
@@ -115,7 +116,7 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
                                    std::string kv_events_topic, bool kv_events_format_changes,
                                    std::string kv_events_vllm_hash_seed,
                                    std::string remote_tier_url, std::string remote_model_id,
-                                   int32_t remote_timeout_ms,
+                                   std::string remote_secret, int32_t remote_timeout_ms,
                                    std::optional<std::string> key_rotation,
                                    uint64_t key_rotation_seed) {
   Options o;
@@ -137,6 +138,7 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
   o.kv_events_vllm_hash_seed = std::move(kv_events_vllm_hash_seed);
   o.remote_tier_url = std::move(remote_tier_url);
   o.remote_model_id = std::move(remote_model_id);
+  o.remote_secret = std::move(remote_secret);
   o.remote_timeout_ms = remote_timeout_ms;
   o.geometry = Geometry{num_layers, num_kv_heads, head_dim, block_tokens};
   o.memory_budget_bytes = static_cast<size_t>(budget_bytes);
@@ -174,7 +176,7 @@ void BindShape(CacheClass& cache) {
            "kv_events_endpoint"_a = "", "kv_events_replay_endpoint"_a = "",
            "kv_events_topic"_a = "", "kv_events_format_changes"_a = false,
            "kv_events_vllm_hash_seed"_a = "", "remote_tier_url"_a = "", "remote_model_id"_a = "",
-           "remote_timeout_ms"_a = 20,
+           "remote_secret"_a = "", "remote_timeout_ms"_a = 20,
            "key_rotation"_a = py::none(), "key_rotation_seed"_a = Options{}.key_rotation_seed,
            "Creates a cache. `palette`: format names, hottest first (default: the policy's "
            "palette, else ['fp16']); `policy`: a preset name or a JSON file path; "

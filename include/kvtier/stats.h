@@ -83,8 +83,9 @@ struct RemoteTierStats {
   int64_t timeouts = 0;        // calls that ran past remote_timeout_ms
   int64_t corrupt_values = 0;  // bad magic, length or checksum, truncated values
   int64_t mismatched_values = 0;  // another model, geometry, codec version, format or scales
+  int64_t unauthenticated_values = 0;  // with remote_secret: no MAC, or one that fails
   int64_t server_errors = 0;   // commands the server refused (a write past maxmemory, ...)
-  int64_t dropped_writes = 0;  // writes not queued: the queue was full
+  int64_t dropped_writes = 0;  // writes not queued (a full queue) or, rarely, not signed
   int64_t import_failures = 0;  // values read but not attached (no device room, a failed copy)
   int64_t reconnects = 0;      // connections made after the first
   HistogramStats lookup_seconds;  // wall time of each AddSequence lookup

@@ -573,10 +573,11 @@ def test_remote_tier_shares_a_prefix_between_two_caches():
                 assert time.time() < deadline, "redis-server did not start"
                 time.sleep(0.05)
 
-        def make(url=f"redis://127.0.0.1:{port}"):
+        def make(url=f"redis://127.0.0.1:{port}", secret=b"a shared secret of 32 bytes....."):
             return kvtier.Cache(num_layers=2, num_kv_heads=H, head_dim=D, block_tokens=S,
                                 budget_bytes=16 << 20, remote_tier_url=url,
-                                remote_model_id="test-model", remote_timeout_ms=500)
+                                remote_model_id="test-model", remote_secret=secret,
+                                remote_timeout_ms=500)
         writer, reader = make(), make()
         prompt = np.arange(40, dtype=np.int32)
         seq, _ = writer.add_sequence()
@@ -599,9 +600,17 @@ def test_remote_tier_shares_a_prefix_between_two_caches():
         remote = reader.stats()["remote"]
         assert remote["enabled"] and remote["hit_blocks"] == 2 and remote["hit_tokens"] == 32
         assert remote["lookup_seconds"]["count"] >= 1
+        assert remote["unauthenticated_values"] == 0
         reader.check_consistency()
+        # Another secret: the values (signed with the first) are refused and counted.
+        stranger = make(secret="another secret, 32 bytes long...")
+        assert stranger.add_sequence(prompt=prompt).cached_tokens == 0
+        assert stranger.stats()["remote"]["unauthenticated_values"] == 1
     finally:
         server.terminate()
         server.wait()
     with pytest.raises(ValueError, match="remote_model_id"):
         kvtier.Cache(num_kv_heads=H, head_dim=D, remote_tier_url=f"redis://127.0.0.1:{port}")
+    with pytest.raises(ValueError, match="remote_secret"):
+        kvtier.Cache(num_kv_heads=H, head_dim=D, remote_tier_url=f"redis://127.0.0.1:{port}",
+                     remote_model_id="m", remote_secret="too short")
