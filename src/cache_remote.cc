@@ -188,8 +188,11 @@ void CacheImpl::StageRemoteWrites() {
         continue;
       }
       const uint32_t page_bytes = pages->layout(st.format).page_bytes;
-      std::string value(kRemoteHeaderBytes + size_t{page_bytes} * layers, '\0');
-      if (spec.mac != nullptr) value.reserve(value.size() + RemoteMac::kTrailerBytes);  // signed
+      // Room for the MAC trailer from the start: appended later, it would copy the value.
+      const size_t bytes = kRemoteHeaderBytes + size_t{page_bytes} * layers;
+      std::string value;
+      value.reserve(bytes + (spec.mac != nullptr ? RemoteMac::kTrailerBytes : 0));
+      value.resize(bytes);
       for (int l = 0; l < layers; ++l) {
         std::memcpy(value.data() + kRemoteHeaderBytes + size_t{page_bytes} * l,
                     staging->View(st.slot, l, pages->layout(st.format)).base, page_bytes);

@@ -91,7 +91,12 @@ uint64_t RemoteIdentity(const Options& options) {
     bytes.resize(bytes.size() + 8);
     Put(&bytes, end + 23, options.key_rotation_seed, 8);
   }
-  if (!options.remote_secret.empty()) bytes += std::string("\0authenticated", 14);
+  if (!options.remote_secret.empty()) {  // the secret's id, not the secret
+    const size_t end = bytes.size();
+    bytes += std::string("\0authenticated:", 15);
+    bytes.resize(bytes.size() + 8);
+    Put(&bytes, end + 15, RemoteMac::KeyId(options.remote_secret), 8);
+  }
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 

@@ -3,12 +3,12 @@
 // Key:   "kvtier:" hex16(identity) ":" hex16(block hash), where identity is
 //        XXH3("kvtier-remote" || le32(codec version) || le32 geometry (layers, kv heads,
 //        head_dim, block_tokens) || model id [|| "\0key_rotation=hadamard:" || le64(seed)
-//        when keys are rotated] [|| "\0authenticated" with Options::remote_secret]), so that
-//        blocks of another model, geometry, codec version, key rotation or authentication are
-//        never even looked up.
+//        when keys are rotated] [|| "\0authenticated:" || le64(RemoteMac::KeyId(secret)) with
+//        Options::remote_secret]), so that blocks of another model, geometry, codec version,
+//        key rotation or secret are never even looked up.
 // Value: an 80-byte little-endian header, then the block's page bytes of every layer in
 //        layer order (layers x page_bytes), exactly as they lie in a page of the format, then,
-//        with a secret, RemoteMac's trailer over all of that (28 bytes, remote_mac.h):
+//        with a secret, RemoteMac's trailer over all of that (40 bytes, remote_mac.h):
 //
 //   off size field
 //     0    4 magic "KVTR"

@@ -2,10 +2,12 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -17,8 +19,22 @@ struct CipherContextDeleter {
   void operator()(EVP_CIPHER_CTX* ctx) const { EVP_CIPHER_CTX_free(ctx); }
 };
 
-// Binds the key to this use: the same secret used elsewhere gives another key.
-constexpr absl::string_view kKeyLabel("kvtier remote MAC v1", 21);  // with its NUL
+// Labels (each with its NUL) that bind what is derived from the secret to its use here.
+constexpr absl::string_view kKeyLabel("kvtier remote MAC v1", 21);
+constexpr absl::string_view kKeyIdLabel("kvtier remote key id", 21);
+constexpr absl::string_view kValueKeyLabel("kvtier remote value key", 24);
+
+// SHA-256 of `label` followed by `secret` into out[32]; false when it fails.
+bool LabelledHash(absl::string_view label, absl::string_view secret, uint8_t* out) {
+  std::string input(label);
+  input.append(secret.data(), secret.size());
+  unsigned int length = 0;
+  const bool hashed =
+      EVP_Digest(input.data(), input.size(), out, &length, EVP_sha256(), nullptr) == 1 &&
+      length == 32;
+  OPENSSL_cleanse(input.data(), input.size());
+  return hashed;
+}
 
 }  // namespace
 
@@ -28,39 +44,57 @@ absl::StatusOr<RemoteMac> RemoteMac::Create(absl::string_view secret) {
                                                    " bytes; at least ", kMinSecretBytes,
                                                    " random bytes are needed"));
   }
-  std::string input(kKeyLabel);
-  input.append(secret.data(), secret.size());
   std::array<uint8_t, 32> key;
-  unsigned int length = 0;
-  const bool hashed = EVP_Digest(input.data(), input.size(), key.data(), &length, EVP_sha256(),
-                                 nullptr) == 1 &&
-                      length == key.size();
-  OPENSSL_cleanse(input.data(), input.size());
-  if (!hashed) return absl::InternalError("SHA-256 of the remote secret failed");
-  return RemoteMac(key);
+  if (!LabelledHash(kKeyLabel, secret, key.data())) {
+    return absl::InternalError("SHA-256 of the remote secret failed");
+  }
+  RemoteMac mac(key);
+  OPENSSL_cleanse(key.data(), key.size());
+  return mac;
 }
 
+uint64_t RemoteMac::KeyId(absl::string_view secret) {
+  uint8_t hash[32] = {};
+  LabelledHash(kKeyIdLabel, secret, hash);  // all zero if it failed: still one id per cache
+  uint64_t id = 0;
+  for (int i = 0; i < 8; ++i) id |= uint64_t{hash[i]} << (8 * i);  // little-endian
+  return id;
+}
+
+RemoteMac::~RemoteMac() { OPENSSL_cleanse(key_.data(), key_.size()); }
+
 bool RemoteMac::Tag(absl::string_view data, const uint8_t* nonce, uint8_t* tag) const {
-  std::unique_ptr<EVP_CIPHER_CTX, CipherContextDeleter> ctx(EVP_CIPHER_CTX_new());
-  if (ctx == nullptr ||
-      EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, nullptr, nullptr) != 1 ||
-      EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_IVLEN, kNonceBytes, nullptr) != 1 ||
-      EVP_EncryptInit_ex(ctx.get(), nullptr, nullptr, key_.data(), nonce) != 1) {
+  // The value's own key: HMAC-SHA-256 of the label and the nonce under the secret's key.
+  uint8_t input[kValueKeyLabel.size() + kNonceBytes];
+  std::memcpy(input, kValueKeyLabel.data(), kValueKeyLabel.size());
+  std::memcpy(input + kValueKeyLabel.size(), nonce, kNonceBytes);
+  uint8_t value_key[32];
+  unsigned int length = 0;
+  if (HMAC(EVP_sha256(), key_.data(), static_cast<int>(key_.size()), input, sizeof(input),
+           value_key, &length) == nullptr ||
+      length != sizeof(value_key)) {
     return false;
   }
+  // Each key tags one value: the GCM nonce can be fixed.
+  static constexpr uint8_t kGcmNonce[12] = {};
+  std::unique_ptr<EVP_CIPHER_CTX, CipherContextDeleter> ctx(EVP_CIPHER_CTX_new());
+  bool ok = ctx != nullptr &&
+            EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, nullptr, nullptr) == 1 &&
+            EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_IVLEN, sizeof(kGcmNonce),
+                                nullptr) == 1 &&
+            EVP_EncryptInit_ex(ctx.get(), nullptr, nullptr, value_key, kGcmNonce) == 1;
+  OPENSSL_cleanse(value_key, sizeof(value_key));
   // All of it associated data, in pieces that fit the API's int lengths.
-  for (size_t at = 0; at < data.size();) {
+  for (size_t at = 0; ok && at < data.size();) {
     const int piece = static_cast<int>(std::min<size_t>(data.size() - at, INT_MAX / 2));
     int out = 0;
-    if (EVP_EncryptUpdate(ctx.get(), nullptr, &out,
-                          reinterpret_cast<const uint8_t*>(data.data()) + at, piece) != 1) {
-      return false;
-    }
+    ok = EVP_EncryptUpdate(ctx.get(), nullptr, &out,
+                           reinterpret_cast<const uint8_t*>(data.data()) + at, piece) == 1;
     at += piece;
   }
   uint8_t none[16];
   int out = 0;
-  return EVP_EncryptFinal_ex(ctx.get(), none, &out) == 1 && out == 0 &&
+  return ok && EVP_EncryptFinal_ex(ctx.get(), none, &out) == 1 && out == 0 &&
          EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, kTagBytes, tag) == 1;
 }
 

@@ -106,7 +106,8 @@ void RemoteTier::WriterLoop() {
     } else if (const absl::Status s = writer_.Set(RemoteKey(identity_, write.hash), write.value);
                s.ok()) {
       Count(kWrittenBlocks);
-      Count(kBytesWritten, static_cast<int64_t>(write.value.size()));
+      Count(kBytesWritten, static_cast<int64_t>(write.value.size() -
+                                                (mac_ ? RemoteMac::kTrailerBytes : 0)));
     } else {
       CountFailure(s);
       give_up = stopping;

@@ -128,6 +128,13 @@ TEST(RemoteBlockCodecTest, WithASecretOnlyIntactValuesSignedWithItDecode) {
   EXPECT_EQ(code(spec, tag_flipped), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(code(spec, good.substr(0, good.size() - 1)), absl::StatusCode::kDataLoss);
   EXPECT_EQ(code(plain, good), absl::StatusCode::kFailedPrecondition);
+  // Flags other than "signed" (byte 30): not a value of this layout, with a secret or without.
+  for (const char flags : {2, 3}) {
+    std::string v = good;
+    v[30] = flags;
+    EXPECT_EQ(code(spec, v), absl::StatusCode::kUnauthenticated) << int{flags};
+    EXPECT_EQ(code(plain, v), absl::StatusCode::kFailedPrecondition) << int{flags};
+  }
 }
 
 TEST(RemoteBlockCodecTest, KeysSeparateModelsAndGeometries) {
@@ -139,12 +146,14 @@ TEST(RemoteBlockCodecTest, KeysSeparateModelsAndGeometries) {
   c.geometry.block_tokens = 32;
   EXPECT_NE(RemoteIdentity(a), RemoteIdentity(b));
   EXPECT_NE(RemoteIdentity(a), RemoteIdentity(c));
-  // Caches with a secret keep to keys of their own, which say nothing of the secret.
-  Options d = a, e = a;
+  // Caches with a secret keep to keys of their own, one set per secret.
+  Options d = a, e = a, f = a;
   d.remote_secret = std::string(16, 'd');
   e.remote_secret = std::string(32, 'e');
+  f.remote_secret = d.remote_secret;
   EXPECT_NE(RemoteIdentity(a), RemoteIdentity(d));
-  EXPECT_EQ(RemoteIdentity(d), RemoteIdentity(e));
+  EXPECT_NE(RemoteIdentity(d), RemoteIdentity(e));
+  EXPECT_EQ(RemoteIdentity(d), RemoteIdentity(f));
   EXPECT_EQ(RemoteKey(0x1234, 0xabc), "kvtier:0000000000001234:0000000000000abc");
 }
 

@@ -25,13 +25,18 @@ TEST(RemoteMacTest, ASecretShorterThan16BytesIsRefused) {
   EXPECT_TRUE(RemoteMac::Create(std::string(16, 's')).ok());
 }
 
-// Python's `cryptography`: AESGCM(SHA-256(b"kvtier remote MAC v1\0" + secret)).encrypt(nonce
-// 00..0b, b"", data) is the tag: engines in other languages can sign and verify alike.
-TEST(RemoteMacTest, TheTrailerIsTheAesGcmTagOfTheValue) {
+// With Python's hashlib, hmac and `cryptography`: key = SHA-256(b"kvtier remote MAC v1\0" +
+// secret), value_key = HMAC-SHA-256(key, b"kvtier remote value key\0" + nonce), the tag
+// AESGCM(value_key).encrypt(bytes(12), b"", data); the key id the first 8 bytes of
+// SHA-256(b"kvtier remote key id\0" + secret), little-endian. Engines in other languages can
+// sign and verify alike.
+TEST(RemoteMacTest, TheTrailerAndKeyIdAreTheSpecifiedOnes) {
   const std::string value =
       "kvtier remote value" +
-      absl::HexStringToBytes("000102030405060708090a0b230f2a318ad65816837540c8f7390448");
+      absl::HexStringToBytes("000102030405060708090a0b0c0d0e0f1011121314151617"  // nonce
+                             "6380470a064b877535b906b3c27bd3fe");                // tag
   EXPECT_TRUE(Mac().Verify(value));
+  EXPECT_EQ(RemoteMac::KeyId(kSecret), uint64_t{0x2c53fc229fe14a3e});
 }
 
 TEST(RemoteMacTest, ASignedValueVerifiesAndAnyChangedBitFails) {

@@ -305,16 +305,18 @@ TEST_F(RemoteTierTest, GarbageTruncatedOversizedAndForeignValuesAreMissesCounted
   ExpectSameKV(*a, *d, prompt, 2);
 }
 
-// Caches sharing a secret share blocks, each value signed; a cache with another secret, and a
-// value that a writer without the secret placed under the key, are misses counted as
-// unauthenticated.
+// Caches sharing a secret share blocks, each value signed; a cache with another secret looks up
+// other keys; a value signed with another secret, or placed by a writer without one, under
+// this secret's key is a miss counted as unauthenticated.
 TEST_F(RemoteTierTest, WithASecretOnlyValuesSignedWithItAreRead) {
   Options o = RemoteOptions(server_.url());
   o.remote_secret = std::string(32, 'k');
   auto a = Make(o), b = Make(o);
   const std::vector<int32_t> prompt = Prompt(3, 300);
   Serve(*a, prompt);
-  EXPECT_EQ(Drain(*a).written_blocks, 3);
+  const RemoteTierStats written = Drain(*a);
+  EXPECT_EQ(written.written_blocks, 3);
+  EXPECT_EQ(written.bytes_written, 3 * (kRemoteHeaderBytes + 2 * 8192));  // header and pages
   EXPECT_EQ(server_.Command({"GET", FirstKey(o, prompt)}).size(),
             kRemoteHeaderBytes + 2 * 8192 + RemoteMac::kTrailerBytes);
   ExpectSameKV(*a, *b, prompt, 3);
@@ -322,6 +324,10 @@ TEST_F(RemoteTierTest, WithASecretOnlyValuesSignedWithItAreRead) {
   Options wrong = o;
   wrong.remote_secret = std::string(32, 'w');
   auto c = Make(wrong);
+  EXPECT_NE(FirstKey(wrong, prompt), FirstKey(o, prompt));
+  EXPECT_EQ(Match(*c, prompt).cached_tokens, 0);
+  EXPECT_EQ(c->GetStats().remote.unauthenticated_values, 0);  // found nothing under its keys
+  ASSERT_EQ(server_.Command({"COPY", FirstKey(o, prompt), FirstKey(wrong, prompt)}), "1");
   EXPECT_EQ(Match(*c, prompt).cached_tokens, 0);
   EXPECT_EQ(c->GetStats().remote.unauthenticated_values, 1);
   Options plain = o;

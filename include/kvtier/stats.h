@@ -75,8 +75,8 @@ struct RemoteTierStats {
   int64_t hit_tokens = 0;            // prefix_hit_tokens served from the remote tier
   int64_t missed_blocks = 0;         // lookups that found no usable value (first miss ends one)
   int64_t written_blocks = 0;        // blocks stored in Redis
-  int64_t bytes_read = 0;            // value bytes of the blocks attached
-  int64_t bytes_written = 0;         // value bytes stored
+  int64_t bytes_read = 0;            // header and page bytes of the blocks attached
+  int64_t bytes_written = 0;         // header and page bytes stored (a MAC trailer not counted)
   int64_t queued_blocks = 0;         // writes waiting now (gauge)
   // Errors by kind; each is a miss (reads) or a dropped write, never an error of the call.
   int64_t unavailable = 0;     // calls skipped or failed because the server could not be reached
