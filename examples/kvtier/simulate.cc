@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +39,7 @@ struct SimOptions {
   double linger_seconds = 0;
   ClusterOptions cluster;  // used with --instances N > 1
   int instances = 1;
+  bool remote_mac = false;  // --remote-mac: the shared tier's values signed (a random secret)
 };
 
 // Tokens found in the prefix index over tokens looked up; 0 before any lookup.
@@ -134,7 +136,8 @@ void Usage(FILE* out) {
                "usage: kvtier simulate [--policy NAME|FILE] [--steps N] [--budget-mib N] [--seed N]\n"
                "                       [--host-tier-mib N] [--arrivals-per-step X] [--json PATH] [--plot PATH.svg]\n"
                "                       [--metrics-port PORT [--linger SECONDS]] [--no-progress]\n"
-               "                       [--instances N [--remote redis://HOST:PORT] [--remote-timeout-ms MS]]\n"
+               "                       [--instances N [--remote redis://HOST:PORT] [--remote-timeout-ms MS]\n"
+               "                                      [--remote-mac]]\n"
                "  --policy        a preset (fp16, fp8, balanced, max_capacity, balanced_rot, attentive,\n"
                "                  fp8_keys) or a JSON file. Default: balanced\n"
                "  --steps         decode steps to simulate. Default: 1000\n"
@@ -146,6 +149,8 @@ void Usage(FILE* out) {
                "  --remote        with --instances: also run them sharing this Redis server as a remote tier\n"
                "                  (docs/tiers.md) and add its column\n"
                "  --remote-timeout-ms  Options::remote_timeout_ms of that run. Default: 20\n"
+               "  --remote-mac    with --remote: the instances share a random Options::remote_secret, every\n"
+               "                  value signed and verified (docs/tiers.md, \"Trust\")\n"
                "  --metrics-port  serve the policy run's cache at http://127.0.0.1:PORT/metrics\n"
                "  --linger        keep serving that many seconds after the run\n");
 }
@@ -169,6 +174,8 @@ std::optional<int> ParseFlags(int argc, char** argv, SimOptions* options) {
       return 0;
     } else if (flag == "--no-progress") {
       r.progress = false;
+    } else if (flag == "--remote-mac") {
+      o.remote_mac = true;
     } else if (flag == "--policy") {
       ok = value(&o.policy);
     } else if (flag == "--json") {
@@ -211,6 +218,10 @@ std::optional<int> ParseFlags(int argc, char** argv, SimOptions* options) {
   }
   if (!o.cluster.remote_url.empty() && o.instances < 2) {
     std::fprintf(stderr, "kvtier simulate: --remote needs --instances 2 or more\n");
+    return 2;
+  }
+  if (o.remote_mac && o.cluster.remote_url.empty()) {
+    std::fprintf(stderr, "kvtier simulate: --remote-mac needs --remote\n");
     return 2;
   }
   return std::nullopt;
@@ -288,7 +299,8 @@ struct ClusterSum {
       remote.timeouts += s.remote.timeouts;
       remote.unavailable += s.remote.unavailable;
       remote.import_failures += s.remote.import_failures;
-      remote.corrupt_values += s.remote.corrupt_values + s.remote.mismatched_values;
+      remote.corrupt_values +=
+          s.remote.corrupt_values + s.remote.mismatched_values + s.remote.unauthenticated_values;
       seconds = r.seconds;
     }
   }
@@ -324,6 +336,14 @@ void PrintClusterReport(const SimOptions& o, const ClusterSum& alone, const Clus
               col([](const ClusterSum& c) { return absl::StrFormat("%.1f s", c.seconds); }).c_str());
 }
 
+// 32 random bytes from the system's random device, the run's remote secret.
+std::string RandomSecret() {
+  std::random_device device;
+  std::string secret(32, '\0');
+  for (char& c : secret) c = static_cast<char>(device());
+  return secret;
+}
+
 // --instances N: the cluster without, then (with --remote) with the shared tier.
 int RunCluster(const SimOptions& o, const Policy& policy) {
   std::printf("kvtier simulate: %d instances, policy '%s', %lld steps, %lld MiB budget each, seed %u\n",
@@ -338,6 +358,7 @@ int RunCluster(const SimOptions& o, const Policy& policy) {
     cluster.remote_url = o.cluster.remote_url;
     // A model id of its own: the run starts from a cold remote tier.
     cluster.remote_model_id = absl::StrCat("kvtier-simulate-", std::chrono::system_clock::now().time_since_epoch().count());
+    if (o.remote_mac) cluster.remote_secret = RandomSecret();
     shared = ReplayCluster(policy, o.replay, cluster);
   }
   if (!alone.ok() || !shared.ok()) {

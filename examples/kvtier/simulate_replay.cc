@@ -226,6 +226,7 @@ absl::StatusOr<std::vector<RunResult>> ReplayCluster(const Policy& policy, const
   options.remote_tier_url = cluster.remote_url;
   options.remote_model_id = cluster.remote_model_id;
   options.remote_timeout_ms = cluster.remote_timeout_ms;
+  options.remote_secret = cluster.remote_secret;
   options.remote_max_fetch_blocks = 4096;
   options.remote_write_queue_blocks = 4096;
   std::vector<RunResult> results(cluster.instances);

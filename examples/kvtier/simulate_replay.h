@@ -66,6 +66,7 @@ struct ClusterOptions {
   std::string remote_url;       // Options::remote_tier_url; empty: no shared tier
   std::string remote_model_id;  // Options::remote_model_id (unique per run: cold start)
   int32_t remote_timeout_ms = 20;
+  std::string remote_secret;    // Options::remote_secret; empty: values unsigned
 };
 
 // Replays the workload through `cluster.instances` caches stepped in lock step, each as
