@@ -17,7 +17,7 @@
 // Tiles of at most kCachedGroups groups per lane (16 x 128 and smaller) stay in registers
 // between the amax pass and the encode pass (tile_cache.cuh), as raw bytes for FP16, BF16 and
 // E4M3 sources (a kernel compiled for that source type, so that a lane issues all its loads
-// before it waits), so that 3 or 4 blocks of 8 warps fit per SM (migrate_occupancy.h) and keep
+// before it waits), so that 3 to 5 blocks of 8 warps fit per SM (migrate_occupancy.h) and keep
 // enough loads in flight (docs/gpu.md has the measurements, and a persistent cp.async variant
 // that was slower).
 // Larger tiles are read twice. Codecs that encode token by token (FP16, BF16, FP8 per tensor
