@@ -191,7 +191,7 @@ void CacheImpl::StageRemoteWrites() {
       // Room for the MAC trailer from the start: appended later, it would copy the value.
       const size_t bytes = kRemoteHeaderBytes + size_t{page_bytes} * layers;
       std::string value;
-      value.reserve(bytes + (spec.mac != nullptr ? RemoteMac::kTrailerBytes : 0));
+      value.reserve(bytes + TrailerBytes(spec.mac));
       value.resize(bytes);
       for (int l = 0; l < layers; ++l) {
         std::memcpy(value.data() + kRemoteHeaderBytes + size_t{page_bytes} * l,

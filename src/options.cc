@@ -150,10 +150,10 @@ absl::Status CheckRemoteTier(const Options& o) {
   if (o.remote_model_id.find('\0') != std::string::npos) {
     return Invalid("remote_model_id", "holds a NUL byte");
   }
-  if (!o.remote_secret.empty() && o.remote_secret.size() < RemoteMac::kMinSecretBytes) {
-    return Invalid("remote_secret", absl::StrCat("is ", o.remote_secret.size(),
-                                                 " bytes long; at least ",
-                                                 RemoteMac::kMinSecretBytes, " are needed"));
+  if (!o.remote_secret.empty()) {  // RemoteMac's own rule for a secret
+    if (absl::StatusOr<RemoteMac> mac = RemoteMac::Create(o.remote_secret); !mac.ok()) {
+      return Invalid("remote_secret", mac.status().message());
+    }
   }
   if (o.remote_tier_url.empty()) {
     return o.remote_secret.empty()

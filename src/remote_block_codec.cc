@@ -161,7 +161,7 @@ absl::StatusOr<DecodedBlock> DecodeRemoteBlock(const RemoteBlockSpec& spec, uint
     return absl::FailedPreconditionError(
         "remote block signed with a remote_secret, which this cache lacks");
   }
-  const size_t trailer = spec.mac != nullptr ? RemoteMac::kTrailerBytes : 0;
+  const size_t trailer = TrailerBytes(spec.mac);
   if (value.size() < kRemoteHeaderBytes + trailer) {
     return absl::DataLossError("remote value is too short for its MAC trailer");
   }

@@ -40,7 +40,7 @@ bool LabelledHash(absl::string_view label, absl::string_view secret, uint8_t* ou
 
 absl::StatusOr<RemoteMac> RemoteMac::Create(absl::string_view secret) {
   if (secret.size() < kMinSecretBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("remote_secret is ", secret.size(),
+    return absl::InvalidArgumentError(absl::StrCat("a secret of ", secret.size(),
                                                    " bytes; at least ", kMinSecretBytes,
                                                    " random bytes are needed"));
   }

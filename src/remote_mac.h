@@ -52,6 +52,11 @@ class RemoteMac {
   std::array<uint8_t, 32> key_;
 };
 
+// Bytes a value signed by `mac` carries after its payload: its trailer, none without a MAC.
+inline size_t TrailerBytes(const RemoteMac* mac) {
+  return mac != nullptr ? RemoteMac::kTrailerBytes : 0;
+}
+
 }  // namespace kvtier
 
 #endif  // KVTIER_SRC_REMOTE_MAC_H_

@@ -52,7 +52,7 @@ RemoteTier::RemoteTier(const Options& options, RedisAddress address,
       max_value_bytes_(kRemoteHeaderBytes +
                        size_t{LargestPageBytes(options)} *
                            static_cast<size_t>(options.geometry.num_layers) +
-                       (mac ? RemoteMac::kTrailerBytes : 0)),
+                       TrailerBytes(mac ? &*mac : nullptr)),
       timeout_(options.remote_timeout_ms),
       queue_capacity_(static_cast<size_t>(options.remote_write_queue_blocks)),
       lookup_(address, options.remote_timeout_ms),
@@ -97,17 +97,15 @@ void RemoteTier::WriterLoop() {
       queue_.pop_front();
       stopping = stop_;
     }
-    absl::Status signed_ok;
-    if (!give_up && mac_) signed_ok = mac_->Sign(&write.value);
     if (give_up) {
       Count(kDroppedWrites);
-    } else if (!signed_ok.ok()) {
-      Report(kDroppedWrites, signed_ok);
+    } else if (const absl::Status sign = mac_ ? mac_->Sign(&write.value) : absl::OkStatus();
+               !sign.ok()) {
+      Report(kDroppedWrites, sign);
     } else if (const absl::Status s = writer_.Set(RemoteKey(identity_, write.hash), write.value);
                s.ok()) {
       Count(kWrittenBlocks);
-      Count(kBytesWritten, static_cast<int64_t>(write.value.size() -
-                                                (mac_ ? RemoteMac::kTrailerBytes : 0)));
+      Count(kBytesWritten, static_cast<int64_t>(write.value.size() - TrailerBytes(mac())));
     } else {
       CountFailure(s);
       give_up = stopping;

@@ -149,8 +149,8 @@ void Usage(FILE* out) {
                "  --remote        with --instances: also run them sharing this Redis server as a remote tier\n"
                "                  (docs/tiers.md) and add its column\n"
                "  --remote-timeout-ms  Options::remote_timeout_ms of that run. Default: 20\n"
-               "  --remote-mac    with --remote: the instances share a random Options::remote_secret, every\n"
-               "                  value signed and verified (docs/tiers.md, \"Trust\")\n"
+               "  --remote-mac    with --remote: the instances share a random remote_secret, every value\n"
+               "                  signed and verified (docs/tiers.md, \"Trust\")\n"
                "  --metrics-port  serve the policy run's cache at http://127.0.0.1:PORT/metrics\n"
                "  --linger        keep serving that many seconds after the run\n");
 }

@@ -113,12 +113,12 @@ struct Options {
   // A secret that every cache sharing the Redis server holds: each value then carries a keyed
   // MAC (AES-256-GCM's tag under a key per value, src/remote_mac.h) over header and pages, and
   // a value without a valid one is refused (counted as unauthenticated_values), so that only
-  // holders of the secret can place K/V that a cache attends to. Verifying costs the reading AddSequence
-  // about 0.07 ms per MiB of blocks read, signing the writer thread as much (13 GB/s with
-  // AES-NI and VAES; docs/tiers.md, "Trust"). Caches of different secrets, or with one and
-  // without, never look up each other's blocks. Never logged or exported. REQUIRES: empty, or
-  // at least 16 random bytes (best 32 from a CSPRNG; not a password) with remote_tier_url set.
-  // Default: "" (values carry a checksum only: trust the server's network).
+  // holders of the secret can place K/V that a cache attends to. Verifying costs the reading
+  // AddSequence about 0.07 ms per MiB of blocks read, signing the writer thread as much
+  // (13 GB/s with AES-NI and VAES; docs/tiers.md, "Trust"). Caches of different secrets, or
+  // with one and without, never look up each other's blocks. Never logged or exported.
+  // REQUIRES: empty, or at least 16 random bytes (best 32 from a CSPRNG; not a password) with
+  // remote_tier_url set. Default: "" (values carry a checksum only: trust the server's network).
   std::string remote_secret;
   // Bounds every Redis call (connect; the lookup of one AddSequence; one write), milliseconds:
   // AddSequence may wait this long when the local tiers miss, twice when it connects to a host
