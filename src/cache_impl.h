@@ -61,6 +61,7 @@ class CacheImpl final : public Cache {
   absl::Status RecordAttention(SequenceId seq, absl::Span<const float> block_weight) override;
   absl::Status EndStep() override;
   absl::StatusOr<bool> FencePassed(uint64_t fence) override;
+  absl::StatusOr<uint64_t> RecordFence() override;
   CacheStats GetStats() const override;
   std::vector<IndexedBlock> IndexedBlocks() const override;
   absl::Status CheckConsistency() const override;

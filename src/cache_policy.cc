@@ -82,6 +82,11 @@ absl::StatusOr<bool> CacheImpl::FencePassed(uint64_t fence) {
   return fence == 0 || backend_->FencePassed(fence);
 }
 
+absl::StatusOr<uint64_t> CacheImpl::RecordFence() {
+  MutexLock lock(&mu_);
+  return backend_->RecordFence();
+}
+
 void CacheImpl::MarkDirty(SequenceId id, Sequence& seq) {
   if (seq.dirty) return;
   seq.dirty = true;

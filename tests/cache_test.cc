@@ -87,6 +87,20 @@ TEST_F(CacheTest, Fp16RoundTripIsBitExact) {
   }
 }
 
+// On the CPU backend WriteKV is done on return: a fence recorded after it has passed, and
+// fences increase.
+TEST_F(CacheTest, RecordFenceAfterWriteKVHasPassedOnTheCpuBackend) {
+  const SequenceId seq = *cache_->AddSequence();
+  AppendAndWrite(seq, 5, 7);
+  const absl::StatusOr<uint64_t> fence = cache_->RecordFence();
+  ASSERT_TRUE(fence.ok()) << fence.status();
+  EXPECT_GT(*fence, 0u);
+  EXPECT_TRUE(*cache_->FencePassed(*fence));
+  const absl::StatusOr<uint64_t> next = cache_->RecordFence();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_GT(*next, *fence);
+}
+
 TEST(CacheBf16Test, Bf16RoundTripIsBitExact) {
   Options o = SmallOptions();
   o.palette = {*ParseFormat("bf16")};

@@ -227,7 +227,12 @@ void BindSequences(CacheClass& cache) {
            "A new sequence attached to the longest cached prefix of `prompt`: an AddResult, "
            "which unpacks as (id, cached_tokens).")
       .def("fence_passed", [](PyCache& c, uint64_t fence) { return Value((*c).FencePassed(fence)); },
-           "fence"_a, "True once the copies before `fence` (AddResult.ready_fence) are complete.")
+           "fence"_a,
+           "True once the device work before `fence` (AddResult.ready_fence, record_fence) is "
+           "complete.")
+      .def("record_fence", [](PyCache& c) { return Value((*c).RecordFence()); },
+           "A fence after the device work issued so far (write_kv's copies included), for "
+           "fence_passed.")
       .def("append",
            [](PyCache& c, SequenceId seq, int64_t n) {
              std::vector<int64_t> slots;
@@ -276,23 +281,28 @@ void BindSequences(CacheClass& cache) {
           "order, for policies with attention_keep_ratio (e.g. the 'attentive' preset).");
 }
 
+// Cache.write_kv: the tensors it imported are held until the copy that reads them is done.
+void WriteKVCall(PyCache& c, int32_t layer, const py::object& slots, const py::object& k,
+                 const py::object& v) {
+  const Placement at = PlacementOf(*c);
+  KVSource ks(k, at), vs(v, at);
+  Check((*c).WriteKV(layer, FromArray<int64_t>(slots), MakeInput(ks, vs, c.geometry())));
+  std::vector<std::unique_ptr<DlpackImport>> read;
+  read.push_back(ks.TakeImport());
+  read.push_back(vs.TakeImport());
+  c.HoldUntilDone(std::move(read));
+}
+
 void BindData(CacheClass& cache) {
   cache
-      .def("write_kv",
-           [](PyCache& c, int32_t layer, const py::object& slots, const py::object& k,
-              const py::object& v) {
-             const Placement at = PlacementOf(*c);
-             const KVSource ks(k, at), vs(v, at);
-             const std::vector<int64_t> s = FromArray<int64_t>(slots);
-             Check((*c).WriteKV(layer, s, MakeInput(ks, vs, c.geometry())));
-           },
-           "layer"_a, "slots"_a, "k"_a, "v"_a,
+      .def("write_kv", &WriteKVCall, "layer"_a, "slots"_a, "k"_a, "v"_a,
            "Writes K/V [tokens, num_kv_heads, head_dim]: numpy (float16; other dtypes are "
            "converted, a copy; CPU backend) or any float16/bfloat16 object with __dlpack__ on "
            "the cache's device. On CUDA the write is queued on the cache's stream, which the "
-           "legacy default stream (torch's default) is ordered with; a tensor of another "
-           "stream must stay alive and unchanged until the device has done the write (for "
-           "example until torch.cuda.synchronize()).")
+           "legacy default stream (torch's default) is ordered with, and the cache holds the "
+           "tensors until the write is done, so that freeing them at once is safe; a tensor "
+           "of another stream must be ready when write_kv is called and stay unchanged until "
+           "the device has done the write (for example until torch.cuda.synchronize()).")
       .def("read_kv",
            [](const PyCache& c, SequenceId seq, int32_t layer) {
              const Geometry& g = c.geometry();
@@ -321,7 +331,11 @@ void BindData(CacheClass& cache) {
              Check((*c).SetPolicy(Value(LoadPolicy(name_or_path))));
            },
            "policy"_a)
-      .def("end_step", [](PyCache& c) { Check((*c).EndStep()); })
+      .def("end_step",
+           [](PyCache& c) {
+             Check((*c).EndStep());
+             c.ReleaseDone();
+           })
       .def("check_consistency", [](const PyCache& c) { Check((*c).CheckConsistency()); })
       .def("stats", [](const PyCache& c) { return StatsDict((*c).GetStats()); })
       .def(

@@ -1,5 +1,6 @@
 // Shared pieces of the Python module `kvtier` (adapters/python/): Status to Python exceptions,
-// numpy conversions, and the Python-side holder of a Cache. Private to the module's sources.
+// numpy conversions, and the Python-side holder of a Cache (and of the tensors it reads).
+// Private to the module's sources.
 #ifndef KVTIER_ADAPTERS_PYTHON_PY_SUPPORT_H_
 #define KVTIER_ADAPTERS_PYTHON_PY_SUPPORT_H_
 
@@ -8,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <string>
@@ -17,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "adapters/python/dlpack.h"
 #include "kvtier/cache.h"
 
 namespace kvtier::python {
@@ -98,10 +101,28 @@ std::vector<T> FromArray(const py::handle& obj) {
 
 // ---- The cache ----
 
+// The cache, and the DLPack tensors its device may still be reading: on CUDA, write_kv returns
+// with its copy queued on the cache's stream, so the tensors it imported are held until a fence
+// after the copy passes; their producer (e.g. torch's caching allocator, which reuses a freed
+// block at once on the block's stream) cannot hand their memory out under the copy.
 struct PyCache {
+  struct Held {
+    uint64_t fence;
+    std::vector<std::unique_ptr<DlpackImport>> tensors;
+  };
+  std::deque<Held> held;  // declared before `cache`: released after it, which waits for its stream
   std::unique_ptr<Cache> cache;
+
   Cache& operator*() const { return *cache; }
   const Geometry& geometry() const { return cache->options().geometry; }
+
+  // Holds `tensors` (null entries: numpy inputs, nothing to hold) until the device work issued
+  // so far has completed, and releases the tensors held before whose work has (so a caller that
+  // keeps writing frees them as it goes). On the CPU backend nothing is held. Raises on a CUDA
+  // error (the tensors then released, as before this holder).
+  void HoldUntilDone(std::vector<std::unique_ptr<DlpackImport>> tensors);
+  // Releases the held tensors whose fences have passed. REQUIRES: the GIL (their deleters).
+  void ReleaseDone();
 };
 
 inline PyCache& Self(const py::object& self) { return self.cast<PyCache&>(); }

@@ -32,6 +32,9 @@ class KVSource {
   const void* data() const { return data_; }
   DType dtype() const { return dtype_; }
   const std::vector<int64_t>& shape() const { return shape_; }
+  // The DLPack import (null for a numpy input), moved out for the caller to hold: data() stays
+  // valid while it is held (PyCache::HoldUntilDone).
+  std::unique_ptr<DlpackImport> TakeImport() { return std::move(dlpack_); }
 
  private:
   py::object array_;  // keeps the converted array alive

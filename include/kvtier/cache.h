@@ -245,9 +245,13 @@ class KVTIER_EXPORT Cache {
   // K/V written by now) into host buffers and queues them for Redis (on CUDA that copy waits
   // for the stream to reach it).
   virtual absl::Status EndStep() = 0;
-  // True once the device work issued before `fence` (AddResult::ready_fence) has completed;
-  // fences pass in order. Always true on the CPU backend and for fence 0.
+  // True once the device work issued before `fence` (AddResult::ready_fence, RecordFence) has
+  // completed; fences pass in order. Always true on the CPU backend and for fence 0.
   virtual absl::StatusOr<bool> FencePassed(uint64_t fence) = 0;
+  // A fence after the device work issued so far, WriteKV's reads of its inputs included: once
+  // FencePassed(fence), the caller may free or overwrite those inputs (on CUDA WriteKV returns
+  // with its copy queued on the cache's stream). Internal for a CUDA error.
+  virtual absl::StatusOr<uint64_t> RecordFence() = 0;
 
   // ---- Introspection ----
 

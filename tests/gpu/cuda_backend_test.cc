@@ -1,12 +1,15 @@
 // The CUDA backend itself: how it reports a missing device, the fast-codec self-check, slab
-// mapping on the virtual-memory API, and fences.
+// mapping on the virtual-memory API, and fences (the backend's and Cache::RecordFence's).
 #include "src/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -152,6 +155,51 @@ TEST(CudaBackendTest, PoolsNameTheirDeviceAndUnalignedInputIsRefused) {
   EXPECT_NE(refused.message().find("16-byte aligned"), absl::string_view::npos) << refused;
   in.k = k.data();
   EXPECT_TRUE((*cache)->WriteKV(0, slots, in).ok());
+}
+
+// Cache::RecordFence covers WriteKV's copy: held behind a host function on the legacy default
+// stream (which the cache's blocking stream waits for), the copy has not run and the fence has
+// not passed; once released, the fence passes and the rows are the input's.
+TEST(CudaBackendTest, RecordFencePassesOnceWriteKVHasReadItsInput) {
+  KVTIER_REQUIRE_GPU();
+  Options o;
+  o.backend = BackendKind::kCuda;
+  o.geometry = Geometry{1, 1, 16, 16};
+  absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  const SequenceId s = (*cache)->AddSequence().value();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE((*cache)->Append(s, 1, &slots).ok());
+  std::vector<uint16_t> rows(16);
+  for (int i = 0; i < 16; ++i) rows[i] = codec::FloatToHalf(0.25f * static_cast<float>(i + 1));
+  DeviceBuffer k, v;
+  k.Upload(rows);
+  v.Upload(rows);
+  std::atomic<bool> release{false};
+  const auto hold = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+  };
+  KVTIER_ASSERT_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, hold, &release));
+  absl::Cleanup released = [&] {
+    release = true;
+    cudaDeviceSynchronize();
+  };
+  ASSERT_TRUE((*cache)->WriteKV(0, slots, {DType::kFloat16, k.data(), v.data(), 1, 1, 16}).ok());
+  const absl::StatusOr<uint64_t> fence = (*cache)->RecordFence();
+  ASSERT_TRUE(fence.ok()) << fence.status();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE((*cache)->FencePassed(*fence).value());
+  release = true;
+  while (!(*cache)->FencePassed(*fence).value()) std::this_thread::yield();
+  std::vector<float> kf(16), vf(16);
+  ASSERT_TRUE((*cache)->ReadKV(s, 0, absl::MakeSpan(kf), absl::MakeSpan(vf)).ok());
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(kf[i], 0.25f * static_cast<float>(i + 1)) << i;
+    EXPECT_EQ(vf[i], kf[i]) << i;
+  }
+  const absl::StatusOr<uint64_t> next = (*cache)->RecordFence();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_GT(*next, *fence);
 }
 
 }  // namespace

@@ -167,6 +167,25 @@ def test_write_kv_through_dlpack(dlpack_producer):
     assert sys.getrefcount(strided) == before
 
 
+def test_written_tensors_are_released_once_read(dlpack_producer):
+    # The cache holds a DLPack tensor only while its device may still read it: on the CPU
+    # backend the write is done on return, so an accepted tensor goes back to its producer at
+    # once (on CUDA, after a fence: tests/gpu/python/write_kv_lifetime_cuda.py).
+    Producer = dlpack_producer
+    cache = make_cache()
+    seq, _ = cache.add_sequence()
+    slots = cache.append(seq, 3)
+    k = np.random.default_rng(5).normal(size=(3, H, D)).astype(np.float16)
+    v = -k
+    before = sys.getrefcount(k), sys.getrefcount(v)
+    cache.write_kv(0, slots, Producer(k), Producer(v))
+    gc.collect()
+    assert (sys.getrefcount(k), sys.getrefcount(v)) == before
+    fence = cache.record_fence()
+    assert fence > 0 and cache.fence_passed(fence)
+    assert cache.record_fence() > fence
+
+
 class _DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
