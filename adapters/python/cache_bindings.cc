@@ -281,16 +281,21 @@ void BindSequences(CacheClass& cache) {
           "order, for policies with attention_keep_ratio (e.g. the 'attentive' preset).");
 }
 
-// Cache.write_kv: the tensors it imported are held until the copy that reads them is done.
+// Cache.write_kv: the tensors it imported are held until the copy that reads them is done,
+// also after a failure other than InvalidArgument (refused before anything was queued).
 void WriteKVCall(PyCache& c, int32_t layer, const py::object& slots, const py::object& k,
                  const py::object& v) {
   const Placement at = PlacementOf(*c);
   KVSource ks(k, at), vs(v, at);
-  Check((*c).WriteKV(layer, FromArray<int64_t>(slots), MakeInput(ks, vs, c.geometry())));
-  std::vector<std::unique_ptr<DlpackImport>> read;
-  read.push_back(ks.TakeImport());
-  read.push_back(vs.TakeImport());
-  c.HoldUntilDone(std::move(read));
+  const absl::Status written =
+      (*c).WriteKV(layer, FromArray<int64_t>(slots), MakeInput(ks, vs, c.geometry()));
+  if (written.code() != absl::StatusCode::kInvalidArgument) {
+    std::vector<std::unique_ptr<DlpackImport>> read;
+    read.push_back(ks.TakeImport());
+    read.push_back(vs.TakeImport());
+    c.HoldUntilDone(std::move(read));
+  }
+  Check(written);
 }
 
 void BindData(CacheClass& cache) {
@@ -300,9 +305,10 @@ void BindData(CacheClass& cache) {
            "converted, a copy; CPU backend) or any float16/bfloat16 object with __dlpack__ on "
            "the cache's device. On CUDA the write is queued on the cache's stream, which the "
            "legacy default stream (torch's default) is ordered with, and the cache holds the "
-           "tensors until the write is done, so that freeing them at once is safe; a tensor "
-           "of another stream must be ready when write_kv is called and stay unchanged until "
-           "the device has done the write (for example until torch.cuda.synchronize()).")
+           "tensors until a write_kv or end_step after the write is done (or until the cache "
+           "is destroyed), so that dropping them at once is safe; a tensor of another stream "
+           "must be ready when write_kv is called and stay unchanged until the device has "
+           "done the write (for example until torch.cuda.synchronize()).")
       .def("read_kv",
            [](const PyCache& c, SequenceId seq, int32_t layer) {
              const Geometry& g = c.geometry();

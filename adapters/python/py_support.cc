@@ -24,13 +24,18 @@ void PyCache::HoldUntilDone(std::vector<std::unique_ptr<DlpackImport>> tensors) 
   ReleaseDone();
   tensors.erase(std::remove(tensors.begin(), tensors.end(), nullptr), tensors.end());
   if (tensors.empty()) return;
-  const uint64_t fence = Value(cache->RecordFence());
-  if (Value(cache->FencePassed(fence))) return;  // the CPU backend's work is done on return
-  held.push_back(Held{fence, std::move(tensors)});
+  // Without a fence (a CUDA error) the tensors are held until the cache is gone: the copy may
+  // still be queued. The error surfaces at the cache's next call, which it leaves failing.
+  const absl::StatusOr<uint64_t> fence = cache->RecordFence();
+  if (fence.ok() && cache->FencePassed(*fence).value_or(false)) return;  // CPU: done on return
+  held.push_back(Held{fence.ok() ? *fence : kNeverPasses, std::move(tensors)});
 }
 
 void PyCache::ReleaseDone() {
-  while (!held.empty() && cache->FencePassed(held.front().fence).value_or(true)) {
+  // Destroyed after the loop: a producer's deleter may run Python code that calls the cache.
+  std::vector<Held> done;
+  while (!held.empty() && cache->FencePassed(held.front().fence).value_or(false)) {
+    done.push_back(std::move(held.front()));
     held.pop_front();
   }
 }

@@ -116,12 +116,16 @@ struct PyCache {
   Cache& operator*() const { return *cache; }
   const Geometry& geometry() const { return cache->options().geometry; }
 
-  // Holds `tensors` (null entries: numpy inputs, nothing to hold) until the device work issued
-  // so far has completed, and releases the tensors held before whose work has (so a caller that
-  // keeps writing frees them as it goes). On the CPU backend nothing is held. Raises on a CUDA
-  // error (the tensors then released, as before this holder).
+  // A fence no work reaches: what is held under it is released with the cache.
+  static constexpr uint64_t kNeverPasses = ~uint64_t{0};
+
+  // Holds `tensors` (null entries: numpy inputs, nothing to hold) until the cache's device work
+  // issued so far has completed (Cache::RecordFence), after releasing the tensors held before
+  // whose work has. On the CPU backend, whose work is done on return, nothing is held. After a
+  // CUDA error (no fence, or none that passes) they are held until the cache is destroyed.
+  // REQUIRES: the GIL (the producers' deleters run under it).
   void HoldUntilDone(std::vector<std::unique_ptr<DlpackImport>> tensors);
-  // Releases the held tensors whose fences have passed. REQUIRES: the GIL (their deleters).
+  // Releases the held tensors whose fences have passed. REQUIRES: the GIL.
   void ReleaseDone();
 };
 

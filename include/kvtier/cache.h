@@ -248,9 +248,11 @@ class KVTIER_EXPORT Cache {
   // True once the device work issued before `fence` (AddResult::ready_fence, RecordFence) has
   // completed; fences pass in order. Always true on the CPU backend and for fence 0.
   virtual absl::StatusOr<bool> FencePassed(uint64_t fence) = 0;
-  // A fence after the device work issued so far, WriteKV's reads of its inputs included: once
-  // FencePassed(fence), the caller may free or overwrite those inputs (on CUDA WriteKV returns
-  // with its copy queued on the cache's stream). Internal for a CUDA error.
+  // A fence after the device work the cache has issued on its own stream so far, WriteKV's
+  // reads of its inputs included (not work on a caller's stream: DecodeAttention, a
+  // PreparedAppend's writes): once FencePassed(fence), the caller may free or overwrite those
+  // inputs (on CUDA WriteKV returns with its copy queued). A CUDA error's status otherwise
+  // (ResourceExhausted when no event can be made, else Internal).
   virtual absl::StatusOr<uint64_t> RecordFence() = 0;
 
   // ---- Introspection ----

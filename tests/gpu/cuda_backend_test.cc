@@ -159,7 +159,9 @@ TEST(CudaBackendTest, PoolsNameTheirDeviceAndUnalignedInputIsRefused) {
 
 // Cache::RecordFence covers WriteKV's copy: held behind a host function on the legacy default
 // stream (which the cache's blocking stream waits for), the copy has not run and the fence has
-// not passed; once released, the fence passes and the rows are the input's.
+// not passed; once released, the fence passes and the rows are the input's. Warmed up first (a
+// write into each of the backend's 8 staging buffers), so that no first use blocks the host
+// while the stream is held; every wait is bounded, the host function's too.
 TEST(CudaBackendTest, RecordFencePassesOnceWriteKVHasReadItsInput) {
   KVTIER_REQUIRE_GPU();
   Options o;
@@ -172,16 +174,31 @@ TEST(CudaBackendTest, RecordFencePassesOnceWriteKVHasReadItsInput) {
   ASSERT_TRUE((*cache)->Append(s, 1, &slots).ok());
   std::vector<uint16_t> rows(16);
   for (int i = 0; i < 16; ++i) rows[i] = codec::FloatToHalf(0.25f * static_cast<float>(i + 1));
-  DeviceBuffer k, v;
+  DeviceBuffer k, v, zeros(32);
   k.Upload(rows);
   v.Upload(rows);
-  std::atomic<bool> release{false};
-  const auto hold = [](void* flag) {
-    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+  KVTIER_ASSERT_CUDA(cudaMemset(zeros.data(), 0, 32));
+  const KVInput zero_in{DType::kFloat16, zeros.data(), zeros.data(), 1, 1, 16};
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE((*cache)->WriteKV(0, slots, zero_in).ok());
+  KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+
+  struct Hold {
+    std::atomic<bool> release{false}, timed_out{false};
+  } hold;
+  const auto wait = [](void* arg) {
+    Hold& h = *static_cast<Hold*>(arg);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!h.release.load()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        h.timed_out = true;
+        return;
+      }
+      std::this_thread::yield();
+    }
   };
-  KVTIER_ASSERT_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, hold, &release));
+  KVTIER_ASSERT_CUDA(cudaLaunchHostFunc(cudaStreamLegacy, wait, &hold));
   absl::Cleanup released = [&] {
-    release = true;
+    hold.release = true;
     cudaDeviceSynchronize();
   };
   ASSERT_TRUE((*cache)->WriteKV(0, slots, {DType::kFloat16, k.data(), v.data(), 1, 1, 16}).ok());
@@ -189,8 +206,10 @@ TEST(CudaBackendTest, RecordFencePassesOnceWriteKVHasReadItsInput) {
   ASSERT_TRUE(fence.ok()) << fence.status();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE((*cache)->FencePassed(*fence).value());
-  release = true;
-  while (!(*cache)->FencePassed(*fence).value()) std::this_thread::yield();
+  hold.release = true;
+  KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_FALSE(hold.timed_out) << "the host was blocked while the stream was held";
+  EXPECT_TRUE((*cache)->FencePassed(*fence).value());
   std::vector<float> kf(16), vf(16);
   ASSERT_TRUE((*cache)->ReadKV(s, 0, absl::MakeSpan(kf), absl::MakeSpan(vf)).ok());
   for (int i = 0; i < 16; ++i) {
