@@ -1,6 +1,6 @@
 // The KV-event publisher behind Options::kv_events_endpoint (src/events/zmq_publisher.h):
 // refused endpoints, the PUB wire format [topic, seq, payload], the replay socket and its end
-// marker, and the event counters.
+// marker, the event counters, and the bound on what a stalled subscriber is queued.
 #include <unistd.h>
 
 #include <msgpack.hpp>
@@ -139,27 +139,66 @@ TEST(ZmqPublisherTest, PublishesOneBatchPerStepAndReplaysFromASequenceNumber) {
   EXPECT_EQ(Tags(parts[2]), std::vector<std::string>{"AllBlocksCleared"});
 }
 
+// `steps` steps that each store one new block (a batch of one event), then the event counters
+// once every batch is published or dropped (or after 10 s).
+EventStats StepsOfOneStoredBlock(Cache& cache, int steps) {
+  std::vector<int64_t> slots;
+  for (int i = 0; i < steps; ++i) {
+    const SequenceId id = cache.AddSequence().value();
+    EXPECT_TRUE(cache.AppendTokens(id, Tokens(16, 1000 * i), &slots).ok());
+    EXPECT_TRUE(cache.Release(id).ok());
+    EXPECT_TRUE(cache.EndStep().ok());
+  }
+  EventStats s;
+  for (int wait = 0; wait < 1000; ++wait) {
+    s = cache.GetStats().events;
+    if (s.published_batches + s.dropped_batches == steps) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return s;
+}
+
 TEST(ZmqPublisherTest, EveryBatchIsPublishedOrCountedAsDropped) {
   Options o = EventOptions("drops");
   o.kv_events_queue_batches = 1;
   std::unique_ptr<Cache> cache = testing::MustCreate(o);
-  std::vector<int64_t> slots;
   constexpr int kSteps = 300;
-  for (int i = 0; i < kSteps; ++i) {
-    const SequenceId id = cache->AddSequence().value();
-    ASSERT_TRUE(cache->AppendTokens(id, Tokens(16, 1000 * i), &slots).ok());
-    ASSERT_TRUE(cache->Release(id).ok());
-    ASSERT_TRUE(cache->EndStep().ok());
-  }
-  EventStats s;
-  for (int wait = 0; wait < 500; ++wait) {
-    s = cache->GetStats().events;
-    if (s.published_batches + s.dropped_batches == kSteps) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const EventStats s = StepsOfOneStoredBlock(*cache, kSteps);
   EXPECT_EQ(s.published_batches + s.dropped_batches, kSteps);
   EXPECT_EQ(s.published_events + s.dropped_events, kSteps);
   EXPECT_EQ(s.queued_batches, 0);
+}
+
+// A subscriber that connects and never reads: the PUB socket queues at most
+// kv_events_replay_batches batches for it (then drops the newer ones), not vLLM's 100,000. Of
+// 20,000 published batches it can later read at most that many plus what the socket buffers of
+// the transport hold (a few thousand of these small messages), far fewer than were published.
+TEST(ZmqPublisherTest, AStalledSubscriberIsQueuedAtMostTheReplayBatches) {
+  Options o = EventOptions("stalled");
+  o.kv_events_replay_batches = 16;
+  o.kv_events_queue_batches = 1 << 16;
+  zmq::context_t context(1);
+  zmq::socket_t sub(context, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::rcvhwm, 16);
+  sub.set(zmq::sockopt::subscribe, "kv@test");
+  sub.connect(o.kv_events_endpoint);
+  std::unique_ptr<Cache> cache = testing::MustCreate(o);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the subscription arrives
+  constexpr int kSteps = 20000;
+  const EventStats s = StepsOfOneStoredBlock(*cache, kSteps);
+  ASSERT_EQ(s.published_batches + s.dropped_batches, kSteps);
+  ASSERT_GT(s.published_batches, kSteps / 2);
+  sub.set(zmq::sockopt::rcvtimeo, 300);
+  int64_t received = 0;
+  std::vector<zmq::message_t> parts;
+  while (zmq::recv_multipart(sub, std::back_inserter(parts))) {
+    ++received;
+    parts.clear();
+  }
+  EXPECT_GT(received, 0);
+  EXPECT_LT(received, s.published_batches / 2)
+      << "of " << s.published_batches << " published, a stalled subscriber still got "
+      << received;
 }
 
 // A replay peer that sends requests without pause and never reads the replies, and one that

@@ -147,7 +147,9 @@ struct Options {
   std::string kv_events_replay_endpoint;
   // The topic frame of every message. Default: empty (vLLM's default).
   std::string kv_events_topic;
-  // Batches kept for replay. REQUIRES: 1 to 2^20. Default: 10000 (vLLM's buffer_steps).
+  // Batches kept for replay, and the most batches the PUB socket queues for a subscriber that
+  // stops reading (one that falls further behind misses the newer ones: a gap it can replay
+  // while they are kept). REQUIRES: 1 to 2^20. Default: 10000 (vLLM's buffer_steps).
   int32_t kv_events_replay_batches = 10000;
   // Batches waiting for the publisher thread; a batch that finds the queue full is dropped and
   // counted (EventStats), leaving a gap in sequence numbers. REQUIRES: 1 to 2^20. Default: 1024.

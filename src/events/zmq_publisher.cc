@@ -61,7 +61,9 @@ absl::StatusOr<std::unique_ptr<ZmqEventPublisher>> ZmqEventPublisher::Create(
   try {
     zmq::context_t context(1);
     zmq::socket_t pub(context, zmq::socket_type::pub);
-    pub.set(zmq::sockopt::sndhwm, 100000);
+    // A subscriber that stops reading holds at most this many batches here (vLLM: 100,000);
+    // past them it misses the newer ones, which it can replay while they are kept.
+    pub.set(zmq::sockopt::sndhwm, options.kv_events_replay_batches);
     pub.set(zmq::sockopt::linger, kLingerMs);
     if (Binds(*endpoint)) {
       pub.bind(*endpoint);
