@@ -115,7 +115,8 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
                                    std::string kv_events_replay_endpoint,
                                    std::string kv_events_topic, bool kv_events_format_changes,
                                    std::string kv_events_vllm_hash_seed,
-                                   std::string remote_tier_url, std::string remote_model_id,
+                                   int32_t kv_events_replay_batches,
+                                   int32_t kv_events_queue_batches, std::string remote_tier_url, std::string remote_model_id,
                                    std::string remote_secret, int32_t remote_timeout_ms,
                                    std::optional<std::string> key_rotation,
                                    uint64_t key_rotation_seed) {
@@ -136,6 +137,8 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
   o.kv_events_topic = std::move(kv_events_topic);
   o.kv_events_format_changes = kv_events_format_changes;
   o.kv_events_vllm_hash_seed = std::move(kv_events_vllm_hash_seed);
+  o.kv_events_replay_batches = kv_events_replay_batches;
+  o.kv_events_queue_batches = kv_events_queue_batches;
   o.remote_tier_url = std::move(remote_tier_url);
   o.remote_model_id = std::move(remote_model_id);
   o.remote_secret = std::move(remote_secret);
@@ -175,7 +178,10 @@ void BindShape(CacheClass& cache) {
            "backend"_a = "cpu", "host_tier_bytes"_a = 0, "host_tier_format"_a = -1,
            "kv_events_endpoint"_a = "", "kv_events_replay_endpoint"_a = "",
            "kv_events_topic"_a = "", "kv_events_format_changes"_a = false,
-           "kv_events_vllm_hash_seed"_a = "", "remote_tier_url"_a = "", "remote_model_id"_a = "",
+           "kv_events_vllm_hash_seed"_a = "",
+           "kv_events_replay_batches"_a = Options{}.kv_events_replay_batches,
+           "kv_events_queue_batches"_a = Options{}.kv_events_queue_batches,
+           "remote_tier_url"_a = "", "remote_model_id"_a = "",
            "remote_secret"_a = "", "remote_timeout_ms"_a = 20,
            "key_rotation"_a = py::none(), "key_rotation_seed"_a = Options{}.key_rotation_seed,
            "Creates a cache. `palette`: format names, hottest first (default: the policy's "

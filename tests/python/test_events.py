@@ -164,6 +164,23 @@ def test_a_refused_endpoint_is_a_value_error():
         kvtier.Cache(kv_events_endpoint="nonsense://x")
 
 
+def test_the_event_queue_bounds_are_options(tmp_path):
+    endpoint = f"ipc://{tmp_path}/bounds"
+    for name in ("kv_events_replay_batches", "kv_events_queue_batches"):
+        with pytest.raises(ValueError, match=name):
+            kvtier.Cache(kv_events_endpoint=endpoint, **{name: 0})
+    cache = kvtier.Cache(kv_events_endpoint=endpoint, kv_events_replay_batches=16,
+                         kv_events_queue_batches=4)
+    cache.append_tokens(cache.add_sequence()[0], list(range(32)))
+    cache.end_step()  # one batch: two BlockStored
+    for _ in range(200):
+        events = cache.stats()["events"]
+        if events["published_batches"] + events["dropped_batches"] == 1:
+            break
+        time.sleep(0.01)
+    assert events["published_batches"] == 1
+
+
 def test_vllm_hash_seed_names_blocks_as_vllm_would():
     # A router that hashes token blocks as vLLM does (sha256_cbor, PYTHONHASHSEED=0, int block
     # hashes) recomputes every BlockStored hash from the event's tokens and its parent's digest.
