@@ -116,7 +116,8 @@ std::unique_ptr<PyCache> MakeCache(int32_t num_layers, int32_t num_kv_heads, int
                                    std::string kv_events_topic, bool kv_events_format_changes,
                                    std::string kv_events_vllm_hash_seed,
                                    int32_t kv_events_replay_batches,
-                                   int32_t kv_events_queue_batches, std::string remote_tier_url, std::string remote_model_id,
+                                   int32_t kv_events_queue_batches,
+                                   std::string remote_tier_url, std::string remote_model_id,
                                    std::string remote_secret, int32_t remote_timeout_ms,
                                    std::optional<std::string> key_rotation,
                                    uint64_t key_rotation_seed) {

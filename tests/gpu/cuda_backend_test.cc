@@ -15,12 +15,31 @@
 #include "absl/cleanup/cleanup.h"
 #include "gtest/gtest.h"
 #include "kvtier/cache.h"
+#include "src/status_macros.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace kvtier::testing {
 namespace {
 
 constexpr size_t kSlab = size_t{2} << 20;
+
+// A CUDA cache of one layer of one 16-dim head (16-token blocks) holding one sequence of one
+// token, whose slot is `slots`.
+struct OneSlot {
+  std::unique_ptr<Cache> cache;
+  SequenceId seq;
+  std::vector<int64_t> slots;
+};
+absl::StatusOr<OneSlot> OneSlotCache() {
+  Options o;
+  o.backend = BackendKind::kCuda;
+  o.geometry = Geometry{1, 1, 16, 16};
+  OneSlot one;
+  KVTIER_ASSIGN_OR_RETURN(one.cache, Cache::Create(o));
+  KVTIER_ASSIGN_OR_RETURN(one.seq, one.cache->AddSequence());
+  KVTIER_RETURN_IF_ERROR(one.cache->Append(one.seq, 1, &one.slots));
+  return one;
+}
 
 TEST(CudaBackendTest, CreationWorksOrSaysWhyNot) {
   Options o;
@@ -111,17 +130,13 @@ TEST(CudaBackendTest, FencesPassInOrder) {
 
 TEST(CudaBackendTest, BadInputTypeIsRejected) {
   KVTIER_REQUIRE_GPU();
-  Options o;
-  o.backend = BackendKind::kCuda;
-  o.geometry = Geometry{1, 1, 16, 16};
-  absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
-  ASSERT_TRUE(cache.ok()) << cache.status();
-  const SequenceId s = (*cache)->AddSequence().value();
-  std::vector<int64_t> slots;
-  ASSERT_TRUE((*cache)->Append(s, 1, &slots).ok());
+  absl::StatusOr<OneSlot> one = OneSlotCache();
+  ASSERT_TRUE(one.ok()) << one.status();
+  Cache& cache = *one->cache;
+  const std::vector<int64_t>& slots = one->slots;
   DeviceBuffer k(64), v(64);
   KVInput in{DType::kFloat32, k.data(), v.data(), 1, 1, 16};
-  EXPECT_EQ((*cache)->WriteKV(0, slots, in).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.WriteKV(0, slots, in).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Pools name the device they live on (views exported through DLPack carry it: a cache made on
@@ -136,25 +151,21 @@ TEST(CudaBackendTest, PoolsNameTheirDeviceAndUnalignedInputIsRefused) {
   }
   absl::Cleanup back_to_0 = [] { cudaSetDevice(0); };
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  Options o;
-  o.backend = BackendKind::kCuda;
-  o.geometry = Geometry{1, 1, 16, 16};
-  absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
-  ASSERT_TRUE(cache.ok()) << cache.status();
-  EXPECT_EQ((*cache)->GetPool(0, 0)->device_id, device);
-  const SequenceId s = (*cache)->AddSequence().value();
-  std::vector<int64_t> slots;
-  ASSERT_TRUE((*cache)->Append(s, 1, &slots).ok());
+  absl::StatusOr<OneSlot> one = OneSlotCache();
+  ASSERT_TRUE(one.ok()) << one.status();
+  Cache& cache = *one->cache;
+  const std::vector<int64_t>& slots = one->slots;
+  EXPECT_EQ(cache.GetPool(0, 0)->device_id, device);
   DeviceBuffer k(64), v(64);
   ASSERT_EQ(cudaMemset(k.data(), 0, 64), cudaSuccess);
   ASSERT_EQ(cudaMemset(v.data(), 0, 64), cudaSuccess);
   KVInput in{DType::kFloat16, k.data(), v.data(), 1, 1, 16};
   in.k = static_cast<const char*>(k.data()) + 8;
-  const absl::Status refused = (*cache)->WriteKV(0, slots, in);
+  const absl::Status refused = cache.WriteKV(0, slots, in);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_NE(refused.message().find("16-byte aligned"), absl::string_view::npos) << refused;
   in.k = k.data();
-  EXPECT_TRUE((*cache)->WriteKV(0, slots, in).ok());
+  EXPECT_TRUE(cache.WriteKV(0, slots, in).ok());
 }
 
 // Cache::RecordFence covers WriteKV's copy: held behind a host function on the legacy default
@@ -164,14 +175,10 @@ TEST(CudaBackendTest, PoolsNameTheirDeviceAndUnalignedInputIsRefused) {
 // while the stream is held; every wait is bounded, the host function's too.
 TEST(CudaBackendTest, RecordFencePassesOnceWriteKVHasReadItsInput) {
   KVTIER_REQUIRE_GPU();
-  Options o;
-  o.backend = BackendKind::kCuda;
-  o.geometry = Geometry{1, 1, 16, 16};
-  absl::StatusOr<std::unique_ptr<Cache>> cache = Cache::Create(o);
-  ASSERT_TRUE(cache.ok()) << cache.status();
-  const SequenceId s = (*cache)->AddSequence().value();
-  std::vector<int64_t> slots;
-  ASSERT_TRUE((*cache)->Append(s, 1, &slots).ok());
+  absl::StatusOr<OneSlot> one = OneSlotCache();
+  ASSERT_TRUE(one.ok()) << one.status();
+  Cache& cache = *one->cache;
+  const std::vector<int64_t>& slots = one->slots;
   std::vector<uint16_t> rows(16);
   for (int i = 0; i < 16; ++i) rows[i] = codec::FloatToHalf(0.25f * static_cast<float>(i + 1));
   DeviceBuffer k, v, zeros(32);
@@ -179,7 +186,7 @@ TEST(CudaBackendTest, RecordFencePassesOnceWriteKVHasReadItsInput) {
   v.Upload(rows);
   KVTIER_ASSERT_CUDA(cudaMemset(zeros.data(), 0, 32));
   const KVInput zero_in{DType::kFloat16, zeros.data(), zeros.data(), 1, 1, 16};
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE((*cache)->WriteKV(0, slots, zero_in).ok());
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(cache.WriteKV(0, slots, zero_in).ok());
   KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
 
   struct Hold {
@@ -201,22 +208,22 @@ TEST(CudaBackendTest, RecordFencePassesOnceWriteKVHasReadItsInput) {
     hold.release = true;
     cudaDeviceSynchronize();
   };
-  ASSERT_TRUE((*cache)->WriteKV(0, slots, {DType::kFloat16, k.data(), v.data(), 1, 1, 16}).ok());
-  const absl::StatusOr<uint64_t> fence = (*cache)->RecordFence();
+  ASSERT_TRUE(cache.WriteKV(0, slots, {DType::kFloat16, k.data(), v.data(), 1, 1, 16}).ok());
+  const absl::StatusOr<uint64_t> fence = cache.RecordFence();
   ASSERT_TRUE(fence.ok()) << fence.status();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_FALSE((*cache)->FencePassed(*fence).value());
+  EXPECT_FALSE(cache.FencePassed(*fence).value());
   hold.release = true;
   KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
   EXPECT_FALSE(hold.timed_out) << "the host was blocked while the stream was held";
-  EXPECT_TRUE((*cache)->FencePassed(*fence).value());
+  EXPECT_TRUE(cache.FencePassed(*fence).value());
   std::vector<float> kf(16), vf(16);
-  ASSERT_TRUE((*cache)->ReadKV(s, 0, absl::MakeSpan(kf), absl::MakeSpan(vf)).ok());
+  ASSERT_TRUE(cache.ReadKV(one->seq, 0, absl::MakeSpan(kf), absl::MakeSpan(vf)).ok());
   for (int i = 0; i < 16; ++i) {
     EXPECT_EQ(kf[i], 0.25f * static_cast<float>(i + 1)) << i;
     EXPECT_EQ(vf[i], kf[i]) << i;
   }
-  const absl::StatusOr<uint64_t> next = (*cache)->RecordFence();
+  const absl::StatusOr<uint64_t> next = cache.RecordFence();
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_GT(*next, *fence);
 }
