@@ -164,7 +164,7 @@ std::vector<MetricFamily> MetricFamilies(const Options& options, const CacheStat
   }
   b.Histogram("kvtier_migration_duration_seconds", "Wall time of one demotion batch on the host.", s.migration_seconds);
   b.Counter("kvtier_demotions_under_pressure_total", "Blocks demoted while the watermark was breached.", static_cast<double>(s.demotions_under_pressure));
-  MetricFamily& failures = b.Family("kvtier_allocation_failures_total", "Calls answered ResourceExhausted.", MetricType::Counter);
+  MetricFamily& failures = b.Family("kvtier_allocation_failures_total", "Appends and demotions refused for room.", MetricType::Counter);
   Builder::Add(failures, {{"reason", "budget"}}, static_cast<double>(s.allocation_failures));
   b.Counter("kvtier_nonfinite_values_total", "NaN or Inf values seen by the append path.", static_cast<double>(s.nonfinite_values));
   b.Histogram("kvtier_block_lifetime_seconds", "Time from a block's allocation to its free.", s.block_lifetime_seconds);

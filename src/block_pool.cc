@@ -88,7 +88,6 @@ absl::Status BlockPool::EnsureFreePages(int format, uint32_t count, bool may_evi
     if (!short_of_slabs(true)) KVTIER_RETURN_IF_ERROR(pages_->ReclaimAll());
   }
   if (short_of_slabs(false)) {
-    metrics_->allocation_failures += 1;
     return absl::ResourceExhaustedError(absl::StrCat(
         "need ", count, " pages of ", FormatName(pages_->options().palette[format]),
         " but only ", pages_->pool(format).free_pages(), " are free and ",

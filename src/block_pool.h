@@ -57,7 +57,8 @@ class BlockPool {
   // Makes `count` pages of `format` allocatable, mapping slabs from the budget, taking empty
   // slabs from other formats' pools, and, when `may_evict`, evicting cached blocks (leaf-first)
   // when neither suffices. ResourceExhausted, with nothing evicted or changed, when evicting
-  // every evictable block could not make room.
+  // every evictable block could not make room (not counted: CacheImpl::CountRefusal counts the
+  // refusals a caller sees, not those the cache absorbs).
   absl::Status EnsureFreePages(int format, uint32_t count, bool may_evict = true);
 
   // A new in-use block with one reference and a page of `format`, born at `now_ms`.

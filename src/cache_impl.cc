@@ -154,6 +154,11 @@ absl::StatusOr<AddResult> CacheImpl::AddSequence(const SequenceOptions& options)
   return AddResult{id, matched * s, onloaded * s, remote * s, ready_fence};
 }
 
+absl::Status CacheImpl::CountRefusal(absl::Status s) {
+  if (absl::IsResourceExhausted(s)) metrics_.allocation_failures += 1;
+  return s;
+}
+
 absl::StatusOr<CacheImpl::AppendPlan> CacheImpl::PlanAppend(
     absl::Span<const SequenceId> batch, absl::Span<const int64_t> num_tokens) {
   const int64_t s = options_.geometry.block_tokens;
@@ -240,8 +245,8 @@ absl::Status CacheImpl::AppendBatch(absl::Span<const SequenceId> batch,
   // Plan: count the pages the whole batch needs, so that it fails before changing anything.
   KVTIER_ASSIGN_OR_RETURN(const AppendPlan plan, PlanAppend(batch, num_tokens));
   if (plan.pages > 0) {
-    KVTIER_RETURN_IF_ERROR(pool_.EnsureFreePages(
-        0, static_cast<uint32_t>(std::min<int64_t>(plan.pages, UINT32_MAX))));
+    KVTIER_RETURN_IF_ERROR(CountRefusal(pool_.EnsureFreePages(
+        0, static_cast<uint32_t>(std::min<int64_t>(plan.pages, UINT32_MAX)))));
   }
   // Shared tails are copied before any token is appended: a failed copy leaves every sequence
   // with its tokens (a copy already made changes no sequence's content).

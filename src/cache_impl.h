@@ -120,6 +120,10 @@ class CacheImpl final : public Cache {
   void AppendTokensLocked(Sequence& seq, int64_t n, absl::Span<const int32_t> tokens,
                           size_t* next_token, uint32_t* now_ms, std::vector<int64_t>* slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `s`, counted in allocation_failures when it answers the caller ResourceExhausted. Only the
+  // calls that pass a refusal on count it: a shorter prefix match (no room to onload or import)
+  // or a policy demotion left for the next step refuses nothing.
+  absl::Status CountRefusal(absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Replaces the shared partial tail of `seq` with a private copy.
   // REQUIRES: a free page of the hot format.
   absl::Status CopyTail(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

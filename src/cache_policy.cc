@@ -238,7 +238,7 @@ absl::Status CacheImpl::Demote(absl::Span<const BlockId> ids, int32_t format) {
   if (const auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end()) {
     return absl::InvalidArgumentError(absl::StrCat("block ", *twice, " is listed twice"));
   }
-  return DemoteLocked(indices, format);
+  return CountRefusal(DemoteLocked(indices, format));
 }
 
 absl::Status CacheImpl::DemoteLocked(absl::Span<const uint32_t> ids, int format) {

@@ -281,6 +281,7 @@ TEST_F(HostTierTest, NoDeviceRoomCutsTheHitBeforeTheFirstOffloadedBlock) {
   EXPECT_EQ(hit.host_tokens, 0);
   const CacheStats after = cache_->GetStats();
   EXPECT_EQ(after.host.onload_failures, 1);
+  EXPECT_EQ(after.allocation_failures, before.allocation_failures);  // the call succeeded
   EXPECT_EQ(after.host.blocks, 4);
   EXPECT_EQ(after.host.evictable_blocks, before.host.evictable_blocks);
   EXPECT_EQ(after.formats[0].pages_used, before.formats[0].pages_used);

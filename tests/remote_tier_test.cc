@@ -457,6 +457,7 @@ TEST_F(RemoteTierTest, NoDeviceRoomForARemoteBlockEndsTheMatchThere) {
   const AddResult r = Match(*b, Prompt(2, 1));
   EXPECT_EQ(r.cached_tokens, 0);
   EXPECT_EQ(b->GetStats().remote.import_failures, 1);
+  EXPECT_EQ(b->GetStats().allocation_failures, 0);  // the call succeeded
   EXPECT_TRUE(b->CheckConsistency().ok()) << b->CheckConsistency();
   ASSERT_TRUE(b->Release(filler).ok());
   ASSERT_TRUE(b->Release(r.id).ok());

@@ -108,7 +108,7 @@ struct CacheStats {
   std::vector<FormatStats> formats;   // [palette size]
 
   // Counters since creation.
-  int64_t allocation_failures = 0;    // calls answered ResourceExhausted
+  int64_t allocation_failures = 0;    // appends and demotions refused for room (ResourceExhausted)
   int64_t copy_on_write_blocks = 0;   // shared tail blocks copied before a write
   int64_t slab_moves = 0;             // slabs mapped into a pool
   int64_t nonfinite_values = 0;       // NaN/Inf values seen by WriteKV

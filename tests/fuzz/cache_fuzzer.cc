@@ -99,6 +99,11 @@ class Fuzz {
         if (!diff.empty()) Fail(s.ok() ? "a read changed state" : "a refusal changed state",
                                 absl::StrCat("op ", op, " ", s.ToString(), ": ", diff));
       }
+      // allocation_failures counts refused calls: one at most, and only when this one was.
+      const int64_t counted = cache_->GetStats().allocation_failures - before.allocation_failures;
+      if (counted != 0 && (counted != 1 || !absl::IsResourceExhausted(s))) {
+        Fail("allocation_failures", absl::StrCat("op ", op, " ", s.ToString(), ": +", counted));
+      }
       const absl::Status ok = cache_->CheckConsistency();
       if (!ok.ok()) Fail("consistency", absl::StrCat("after op ", op, ": ", ok.ToString()));
     }
