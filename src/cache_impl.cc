@@ -141,7 +141,7 @@ absl::StatusOr<AddResult> CacheImpl::AddSequence(const SequenceOptions& options)
       local == static_cast<int64_t>(chain.size()) ? ImportRemote(seq, fetched, local) : 0;
   if (remote > 0 && !backend_->synchronous()) {
     const absl::StatusOr<uint64_t> fence = backend_->RecordFence();
-    ready_fence = fence.ok() ? *fence : ready_fence;
+    ready_fence = fence.ok() ? *fence : backend_->NextFence();  // as in BlockPool::Acquire
   }
   const int64_t matched = local + remote;
   seq.num_tokens = matched * s;

@@ -135,9 +135,8 @@ size_t BlockPool::Acquire(absl::Span<const uint32_t> chain, int64_t* onloaded,
   *onloaded += static_cast<int64_t>(offloaded.size());
   if (!backend_->synchronous()) {
     const absl::StatusOr<uint64_t> fence = backend_->RecordFence();
-    // Without a fence the copies are still ordered before later work on the backend's stream;
-    // a caller that cannot get one waits for everything at the next EndStep.
-    *ready_fence = fence.ok() ? *fence : 0;
+    // Without a fence, the next one recorded (at the latest by EndStep) covers the copies.
+    *ready_fence = fence.ok() ? *fence : backend_->NextFence();
   }
   return chain.size();
 }

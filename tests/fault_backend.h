@@ -93,7 +93,9 @@ class FaultBackend final : public Backend {
     if (faults_->fail_record_fence) return Injected("RecordFence");
     return ++fences_;
   }
-  bool FencePassed(uint64_t) override { return faults_->fences_pass; }
+  // As on a GPU, a fence not recorded yet has not passed.
+  bool FencePassed(uint64_t fence) override { return faults_->fences_pass && fence <= fences_; }
+  uint64_t NextFence() const override { return fences_ + 1; }
 
  private:
   absl::Status Injected(const char* call, absl::StatusCode code = absl::StatusCode::kInternal) {

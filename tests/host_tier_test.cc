@@ -166,6 +166,30 @@ TEST_F(HostTierTest, TheBlocksOneAppendEvictsGoDownInOneBatchWithOneWait) {
   ExpectValues(hit.id, a, 8 * kBlock);
 }
 
+// A hit whose fence cannot be recorded after its copies (an asynchronous backend) still gets a
+// fence that covers them: the next one recorded, not 0, which has always passed.
+TEST_F(HostTierTest, AHitWithoutItsOwnFenceGetsTheNextOne) {
+  faults_->asynchronous = true;
+  Create(TierOptions());
+  const std::vector<int32_t> a = Tokens(4 * kBlock + 1, 1000);
+  Serve(a);
+  const SequenceId big = *cache_->AddSequence();  // no tokens: nothing of it stays cached
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->Append(big, kDeviceBlocks * kBlock, &slots).ok());
+  ASSERT_EQ(cache_->GetStats().host.blocks, 4);
+  ASSERT_TRUE(cache_->Release(big).ok());
+  ASSERT_TRUE(cache_->EndStep().ok());  // its pages back: the hit evicts nothing
+  faults_->fail_record_fence = true;
+  const AddResult hit = Match(a);
+  faults_->fail_record_fence = false;
+  EXPECT_EQ(hit.host_tokens, 4 * kBlock);
+  EXPECT_NE(hit.ready_fence, 0u);
+  EXPECT_FALSE(*cache_->FencePassed(hit.ready_fence));
+  ASSERT_TRUE(cache_->EndStep().ok());
+  EXPECT_TRUE(*cache_->FencePassed(hit.ready_fence));
+  ExpectValues(hit.id, a, 4 * kBlock);
+}
+
 TEST_F(HostTierTest, APrefixMatchesAcrossBothTiersInOneChain) {
   const std::vector<int32_t> a = Tokens(8 * kBlock + 1, 1000);
   Serve(a);

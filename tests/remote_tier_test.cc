@@ -520,6 +520,17 @@ TEST_F(RemoteTierFaultTest, OnAnAsynchronousBackendStagedCopiesAreWaitedFor) {
   EXPECT_NE(r.ready_fence, 0u);
   ASSERT_TRUE(b->Release(r.id).ok());
   ExpectSameKV(*a, *b, Prompt(3, 1), 3);
+  // Without a fence of its own after the copies, the import's is the next one recorded.
+  Serve(*a, Prompt(2, 700));
+  EXPECT_EQ(Drain(*a).written_blocks, 3 + 2);
+  faults_->fail_record_fence = true;
+  const AddResult unfenced = Match(*b, Prompt(2, 700));
+  faults_->fail_record_fence = false;
+  EXPECT_EQ(unfenced.remote_tokens, 2 * kBlock);
+  EXPECT_FALSE(*b->FencePassed(unfenced.ready_fence));
+  ASSERT_TRUE(b->EndStep().ok());
+  EXPECT_TRUE(*b->FencePassed(unfenced.ready_fence));
+  ASSERT_TRUE(b->Release(unfenced.id).ok());
   // Fences that never pass: the staged writes are dropped after the wait, never read early.
   faults_->fences_pass = false;
   Serve(*a, Prompt(2, 500));

@@ -95,6 +95,7 @@ class CudaBackend final : public Backend {
   bool synchronous() const override { return false; }
   absl::StatusOr<uint64_t> RecordFence() override;
   bool FencePassed(uint64_t fence) override;
+  uint64_t NextFence() const override { return last_fence_ + 1; }
 
   // The stream all work goes on (for benchmarks and tests that time or order against it).
   cudaStream_t stream() const { return stream_; }
