@@ -201,6 +201,36 @@ TEST(ZmqPublisherTest, AStalledSubscriberIsQueuedAtMostTheReplayBatches) {
       << received;
 }
 
+// A replay of more batches than ZeroMQ queues for a peer by Default (1000) arrives whole, its
+// end marker last, though the peer reads it only once it has all been sent.
+TEST(ZmqPublisherTest, AReplayLongerThanZeroMQsDefaultQueueArrivesWhole) {
+  Options o = EventOptions("long-replay");
+  o.kv_events_queue_batches = 1 << 16;  // every batch published
+  std::unique_ptr<Cache> cache = testing::MustCreate(o);
+  constexpr int kSteps = 6000;
+  ASSERT_EQ(StepsOfOneStoredBlock(*cache, kSteps).published_batches, kSteps);
+  zmq::context_t context(1);
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::rcvtimeo, 5000);
+  dealer.connect(o.kv_events_replay_endpoint);
+  const unsigned char start[8] = {};
+  dealer.send(zmq::message_t(), zmq::send_flags::sndmore);
+  dealer.send(zmq::buffer(start), zmq::send_flags::none);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the replay is all sent
+  std::vector<zmq::message_t> parts;
+  uint64_t next = 0;
+  while (zmq::recv_multipart(dealer, std::back_inserter(parts))) {
+    ASSERT_EQ(parts.size(), 3u);
+    if (BigEndian(parts[1]) == UINT64_MAX) break;  // the end marker
+    ASSERT_EQ(BigEndian(parts[1]), next) << "a replayed batch was lost";
+    ++next;
+    parts.clear();
+  }
+  EXPECT_EQ(next, static_cast<uint64_t>(kSteps));
+  ASSERT_FALSE(parts.empty()) << "no end marker within 5 s";
+  EXPECT_EQ(BigEndian(parts[1]), UINT64_MAX);
+}
+
 // A replay peer that sends requests without pause and never reads the replies, and one that
 // sends a 1 MiB frame (over the replay socket's message limit: that peer is dropped): batches are
 // still published, another peer's replay is still answered, and the cache is destroyed promptly

@@ -75,6 +75,9 @@ absl::StatusOr<std::unique_ptr<ZmqEventPublisher>> ZmqEventPublisher::Create(
       field = "kv_events_replay_endpoint";
       endpoint = &options.kv_events_replay_endpoint;
       replay.emplace(context, zmq::socket_type::router);
+      // Room for one whole replay and its end marker per peer: past its queue a ROUTER drops
+      // replies silently (ZeroMQ's Default, 1000, lost most of a long replay and its marker).
+      replay->set(zmq::sockopt::sndhwm, options.kv_events_replay_batches + 1);
       replay->set(zmq::sockopt::linger, 0);
       replay->set(zmq::sockopt::maxmsgsize, kMaxRequestBytes);
       replay->bind(*endpoint);

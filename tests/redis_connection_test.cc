@@ -1,0 +1,113 @@
+// RedisConnection against servers that misbehave at the socket, which a real redis-server does
+// not do on demand: one that trickles its reply, and one that closes the connection under a
+// large write.
+#include "src/redis_connection.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace kvtier {
+namespace {
+
+// A one-connection server on a loopback port: `serve` runs on a thread of its own with the
+// accepted socket (or -1), which is closed when it returns; the destructor joins the thread.
+class OneConnectionServer {
+ public:
+  explicit OneConnectionServer(std::function<void(int client)> serve) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&address), length), 0);
+    EXPECT_EQ(listen(listener_, 1), 0);
+    EXPECT_EQ(getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length), 0);
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this, serve = std::move(serve)] {
+      const int client = accept(listener_, nullptr, nullptr);
+      serve(client);
+      if (client >= 0) close(client);
+    });
+  }
+  ~OneConnectionServer() {
+    Join();
+    close(listener_);
+  }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  RedisAddress address() const { return RedisAddress{"127.0.0.1", port_}; }
+
+ private:
+  int listener_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// A server that sends its first reply whole, then the second a byte at a time, 10 ms apart:
+// every read returns within the timeout, so only a deadline for the call ends it, at about the
+// timeout (the second reply would take 1.1 s), the first reply kept.
+TEST(RedisConnectionTest, AReplyTrickledAByteAtATimeIsCutAtTheTimeout) {
+  OneConnectionServer server([](int client) {
+    char request[512];
+    if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
+    const std::string first = "$3\r\nabc\r\n";
+    const std::string second = "$100\r\n" + std::string(100, 'x') + "\r\n";
+    if (send(client, first.data(), first.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(first.size())) {
+      return;
+    }
+    for (const char c : second) {
+      if (send(client, &c, 1, MSG_NOSIGNAL) != 1) break;  // the client gave up
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  RedisConnection connection(server.address(), 100);
+  const std::vector<std::string> keys = {"a", "b"};
+  std::vector<std::optional<std::string>> values;
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s = connection.Get(keys, 200, &values);
+  const auto took = std::chrono::steady_clock::now() - start;
+  server.Join();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  ASSERT_EQ(values.size(), 1u);
+  EXPECT_EQ(values[0], "abc");
+  EXPECT_GE(took, std::chrono::milliseconds(90));
+  EXPECT_LT(took, std::chrono::milliseconds(500));
+}
+
+// A server that resets the connection with a large value half sent (as Redis does on a restart,
+// an idle timeout or CLIENT KILL): the write fails (the kernel reports the reset to the first
+// write after it) and the connection is dropped, never written again, so no write meets the
+// EPIPE that would raise SIGPIPE (hiredis writes with write(); the signal's default action ends
+// the process). In a child process, so that a SIGPIPE would fail this test alone.
+TEST(RedisConnectionTest, AConnectionClosedUnderAWriteIsAnErrorNotASignal) {
+  EXPECT_EXIT(
+      {
+        OneConnectionServer server([](int client) {
+          char some[4096];
+          if (client >= 0) (void)recv(client, some, sizeof(some), 0);
+          // Closing with unread bytes resets the connection.
+        });
+        RedisConnection connection(server.address(), 2000);
+        const absl::Status s = connection.Set("k", std::string(64 << 20, 'v'));
+        server.Join();
+        std::exit(!s.ok() && !connection.connected() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace kvtier
