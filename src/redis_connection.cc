@@ -180,12 +180,19 @@ absl::Status RedisConnection::Send(size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status RedisConnection::NextReply(Clock::time_point deadline, void** reply) {
+absl::Status RedisConnection::NextReply(Clock::time_point deadline, size_t max_bytes,
+                                        void** reply) {
   for (;;) {
     if (redisGetReplyFromReader(context_, reply) != REDIS_OK) return Fail("reply");
     if (*reply != nullptr) return absl::OkStatus();
     if (absl::Status s = Arm(deadline, "reply"); !s.ok()) return s;
     if (redisBufferRead(context_) != REDIS_OK) return Fail("reply");
+    if (const size_t unparsed = context_->reader->len - context_->reader->pos;
+        unparsed > max_bytes) {
+      return Drop(absl::InternalError(absl::StrCat(Url(), " reply: ", unparsed,
+                                                   " bytes buffered, over the ", max_bytes,
+                                                   " asked for")));
+    }
   }
 }
 
@@ -211,7 +218,7 @@ absl::Status RedisConnection::ExchangeOnce(const std::vector<std::vector<absl::s
   absl::Status refused;
   for (size_t i = 0; i < commands.size(); ++i) {
     void* raw = nullptr;
-    if (absl::Status s = NextReply(deadline, &raw); !s.ok()) return s;
+    if (absl::Status s = NextReply(deadline, reply_bytes, &raw); !s.ok()) return s;
     const Reply reply(static_cast<redisReply*>(raw));
     if (reply->type == REDIS_REPLY_STRING) {
       values->emplace_back(std::string(reply->str, reply->len));

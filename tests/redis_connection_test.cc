@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -56,6 +57,26 @@ class OneConnectionServer {
   std::thread thread_;
 };
 
+// A Get of `keys` (at most `max_bytes` each) from `server` on a connection with `timeout_ms`,
+// timed; the server's thread joined after it.
+struct TimedGet {
+  absl::Status status;
+  std::vector<std::optional<std::string>> values;
+  std::chrono::steady_clock::duration took;
+  bool connected;  // after the call
+};
+TimedGet GetFrom(OneConnectionServer& server, int timeout_ms, std::vector<std::string> keys,
+                 size_t max_bytes) {
+  RedisConnection connection(server.address(), timeout_ms);
+  TimedGet got;
+  const auto start = std::chrono::steady_clock::now();
+  got.status = connection.Get(keys, max_bytes, &got.values);
+  got.took = std::chrono::steady_clock::now() - start;
+  got.connected = connection.connected();
+  server.Join();
+  return got;
+}
+
 // A server that sends its first reply whole, then the second a byte at a time, 10 ms apart:
 // every read returns within the timeout, so only a deadline for the call ends it, at about the
 // timeout (the second reply would take 1.1 s), the first reply kept.
@@ -74,18 +95,35 @@ TEST(RedisConnectionTest, AReplyTrickledAByteAtATimeIsCutAtTheTimeout) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   });
-  RedisConnection connection(server.address(), 100);
-  const std::vector<std::string> keys = {"a", "b"};
-  std::vector<std::optional<std::string>> values;
-  const auto start = std::chrono::steady_clock::now();
-  const absl::Status s = connection.Get(keys, 200, &values);
-  const auto took = std::chrono::steady_clock::now() - start;
-  server.Join();
-  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
-  ASSERT_EQ(values.size(), 1u);
-  EXPECT_EQ(values[0], "abc");
-  EXPECT_GE(took, std::chrono::milliseconds(90));
-  EXPECT_LT(took, std::chrono::milliseconds(500));
+  const TimedGet got = GetFrom(server, 100, {"a", "b"}, 200);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(got.status)) << got.status;
+  ASSERT_EQ(got.values.size(), 1u);
+  EXPECT_EQ(got.values[0], "abc");
+  EXPECT_GE(got.took, std::chrono::milliseconds(90));
+  EXPECT_LT(got.took, std::chrono::milliseconds(500));
+}
+
+// A server that answers a GETRANGE of at most 1000 bytes with a 4 GB string, streamed as fast
+// as the loopback goes: the reply is cut once more is buffered than was asked for (Internal, the
+// connection dropped), not buffered whole until the deadline (gigabytes in 2 s).
+TEST(RedisConnectionTest, AReplyLongerThanAskedForIsCutNotBufferedWhole) {
+  std::atomic<int64_t> sent{0};
+  OneConnectionServer server([&sent](int client) {
+    char request[512];
+    if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
+    const std::string header = "$4000000000\r\n";
+    if (send(client, header.data(), header.size(), MSG_NOSIGNAL) < 0) return;
+    const std::string chunk(1 << 16, 'x');
+    for (ssize_t n; sent.load() < 4000000000 &&
+                    (n = send(client, chunk.data(), chunk.size(), MSG_NOSIGNAL)) > 0;) {
+      sent += n;  // until the client closes the connection
+    }
+  });
+  const TimedGet got = GetFrom(server, 2000, {"a"}, 1000);
+  EXPECT_TRUE(absl::IsInternal(got.status)) << got.status;
+  EXPECT_FALSE(got.connected);
+  EXPECT_LT(got.took, std::chrono::milliseconds(1000));
+  EXPECT_LT(sent.load(), int64_t{64} << 20) << "bytes the client took in before it cut the reply";
 }
 
 // A server that resets the connection with a large value half sent (as Redis does on a restart,
