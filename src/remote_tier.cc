@@ -119,10 +119,12 @@ void RemoteTier::WriterLoop() {
 std::vector<std::string> RemoteTier::Lookup(absl::Span<const uint64_t> hashes) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> found;
-  MutexLock lock(&lookup_mu_);
+  MutexLock lock(&lookup_mu_);  // one lookup at a time: the time waited here counts
   for (size_t at = 0; at < hashes.size(); at += kLookupWindow) {
-    if (at > 0 && std::chrono::steady_clock::now() - start > timeout_) {
-      Report(kTimeouts, absl::DeadlineExceededError("lookup cut at its timeout"));
+    if (std::chrono::steady_clock::now() - start > timeout_) {
+      Report(kTimeouts, absl::DeadlineExceededError(
+                            at == 0 ? "lookup waited past its timeout for the one before it"
+                                    : "lookup cut at its timeout"));
       break;
     }
     std::vector<std::string> keys;

@@ -64,7 +64,8 @@ class RemoteTier {
   bool Put(uint64_t hash, std::string value);
   // The values under the keys of `hashes`, in order, up to the first key without one; fewer
   // when the server is unreachable, slow or errs (counted). Takes about remote_timeout_ms at
-  // most (one window's reply wait past it).
+  // most (one window's reply wait past it), the wait for other threads' lookups included: one
+  // that has waited past it for its turn misses at once.
   std::vector<std::string> Lookup(absl::Span<const uint64_t> hashes);
 
   void Count(Counter counter, int64_t n = 1) {

@@ -1,61 +1,26 @@
 // RedisConnection against servers that misbehave at the socket, which a real redis-server does
-// not do on demand: one that trickles its reply, and one that closes the connection under a
-// large write.
+// not do on demand: one that trickles its reply, one that sends more than was asked for, and one
+// that resets the connection under a large write.
 #include "src/redis_connection.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/one_connection_server.h"
 
 namespace kvtier {
 namespace {
 
-// A one-connection server on a loopback port: `serve` runs on a thread of its own with the
-// accepted socket (or -1), which is closed when it returns; the destructor joins the thread.
-class OneConnectionServer {
- public:
-  explicit OneConnectionServer(std::function<void(int client)> serve) {
-    listener_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(address);
-    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&address), length), 0);
-    EXPECT_EQ(listen(listener_, 1), 0);
-    EXPECT_EQ(getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length), 0);
-    port_ = ntohs(address.sin_port);
-    thread_ = std::thread([this, serve = std::move(serve)] {
-      const int client = accept(listener_, nullptr, nullptr);
-      serve(client);
-      if (client >= 0) close(client);
-    });
-  }
-  ~OneConnectionServer() {
-    Join();
-    close(listener_);
-  }
-  void Join() {
-    if (thread_.joinable()) thread_.join();
-  }
-  RedisAddress address() const { return RedisAddress{"127.0.0.1", port_}; }
-
- private:
-  int listener_ = -1;
-  int port_ = 0;
-  std::thread thread_;
-};
+using ::kvtier::testing::OneConnectionServer;
 
 // A Get of `keys` (at most `max_bytes` each) from `server` on a connection with `timeout_ms`,
 // timed; the server's thread joined after it.

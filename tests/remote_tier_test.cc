@@ -4,6 +4,7 @@
 // maxmemory, a full write queue) as misses or dropped writes that are counted, never wrong K/V.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +19,9 @@
 #include "src/backend.h"
 #include "src/redis_connection.h"
 #include "src/remote_block_codec.h"
+#include "src/remote_tier.h"
 #include "tests/fault_backend.h"
+#include "tests/one_connection_server.h"
 #include "tests/redis_server.h"
 #include "tests/test_util.h"
 
@@ -243,6 +246,43 @@ TEST_F(RemoteTierTest, AServerPausedPastTheTimeoutIsAMissWithinAboutTheTimeout) 
   server_.Resume();
   auto c = Make(o);
   ExpectSameKV(*a, *c, Prompt(2, 1), 2);
+}
+
+// Lookups from many threads share one connection, in turn: a caller that has waited its turn
+// past remote_timeout_ms misses at once (a timeout) instead of taking a window more, so that
+// each waits about the timeout at most, not the timeout times the callers before it. The server
+// answers each GETRANGE (a missing key) after 60 ms; the timeout is 100 ms.
+TEST(RemoteTierLookupTest, CallersQueuedPastTheTimeoutMissInsteadOfWaitingTheirTurn) {
+  testing::OneConnectionServer server([](int client) {
+    char request[4096];
+    while (client >= 0 && recv(client, request, sizeof(request), 0) > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      if (send(client, "$0\r\n\r\n", 6, MSG_NOSIGNAL) != 6) break;
+    }
+  });
+  Options o = RemoteOptions(absl::StrCat("redis://127.0.0.1:", server.address().port));
+  absl::StatusOr<std::unique_ptr<RemoteTier>> tier = RemoteTier::Create(o);
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  constexpr int kCallers = 8;
+  std::vector<std::chrono::steady_clock::duration> took(kCallers);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      const auto start = std::chrono::steady_clock::now();
+      const uint64_t hash = 1000 + i;
+      EXPECT_TRUE((*tier)->Lookup(absl::MakeConstSpan(&hash, 1)).empty());
+      took[i] = std::chrono::steady_clock::now() - start;
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  const auto longest = *std::max_element(took.begin(), took.end());
+  EXPECT_LT(longest, std::chrono::milliseconds(350))
+      << "a caller waited " << std::chrono::duration<double, std::milli>(longest).count()
+      << " ms (8 lookups of 60 ms in turn take 480)";
+  RemoteTierStats stats;
+  (*tier)->Fill(&stats);
+  EXPECT_GT(stats.timeouts, 0);
+  tier->reset();  // before the server: its connection closes, so the server's loop ends
 }
 
 TEST_F(RemoteTierTest, GarbageTruncatedOversizedAndForeignValuesAreMissesCountedByKind) {
