@@ -4,7 +4,9 @@
 # cores): the balanced policy against all-FP16 on a long-context chat workload, with a report,
 # kvtier_simulate.svg and kvtier_simulate.json in the current folder.
 set -euo pipefail
+here=$PWD  # the tool runs here, so that relative paths in its arguments mean what they say
 cd "$(dirname "$0")/.."
+root=$PWD
 bash scripts/setup.sh
 # The tool runs on the CPU backend; KVTIER_WITH_CUDA=ON in the environment builds the CUDA
 # backend too (docs/gpu.md).
@@ -12,4 +14,5 @@ cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_BUILD_T
   -DKVTIER_BUILD_BENCHMARKS=OFF -DKVTIER_WITH_CUDA="${KVTIER_WITH_CUDA:-OFF}" >/dev/null
 cmake --build build-release -j "$(nproc)" --target kvtier_tool
 if [ $# -eq 0 ]; then set -- simulate --json kvtier_simulate.json; fi
-exec build-release/kvtier "$@"
+cd "$here"
+exec "$root/build-release/kvtier" "$@"

@@ -2,6 +2,7 @@
 // writes and reads K/V, builds page tables, and prints what happened at each step.
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -48,7 +49,11 @@ bool WriteRandom(Cache& cache, const std::vector<int64_t>& slots, std::mt19937& 
 
 }  // namespace
 
-int RunDemo(int, char**) {
+int RunDemo(int argc, char** argv) {
+  if (std::optional<int> code = RefuseOptions(
+          "demo", "an end-to-end tour of the public API on the CPU backend", argc, argv)) {
+    return *code;
+  }
   Options options;
   options.geometry = Geometry{/*num_layers=*/4, /*num_kv_heads=*/8, /*head_dim=*/128,
                               /*block_tokens=*/16};

@@ -3,6 +3,7 @@
 // heavy-tailed values, and prints a Markdown table with bits per element (docs/formats.md).
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -73,7 +74,12 @@ Measured Measure(const std::vector<std::string>& chain, const std::vector<uint16
 
 }  // namespace
 
-int RunFormats(int, char**) {
+int RunFormats(int argc, char** argv) {
+  if (std::optional<int> code = RefuseOptions(
+          "formats", "measured error and bits per element of every format (Markdown)", argc,
+          argv)) {
+    return *code;
+  }
   const Geometry g{/*num_layers=*/1, /*num_kv_heads=*/8, /*head_dim=*/128, /*block_tokens=*/16};
   std::vector<uint16_t> k, v;
   Synthesize(g, 2026, &k, &v);

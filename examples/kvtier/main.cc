@@ -5,6 +5,7 @@
 //   kvtier demo        an end-to-end tour of the public API on the CPU backend
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "examples/kvtier/commands.h"
@@ -25,9 +26,25 @@ void Usage(FILE* out) {
 
 }  // namespace
 
+namespace kvtier::tool {
+
+std::optional<int> RefuseOptions(const char* command, const char* what, int argc, char** argv) {
+  if (argc <= 1) return std::nullopt;
+  const std::string first = argv[1];
+  const bool help = first == "--help" || first == "-h";
+  if (!help) std::fprintf(stderr, "kvtier %s: unknown option '%s'\n", command, first.c_str());
+  std::fprintf(help ? stdout : stderr, "usage: kvtier %s\n  %s (no options)\n", command, what);
+  return help ? 0 : 2;
+}
+
+}  // namespace kvtier::tool
+
 int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "simulate";
   if (command == "simulate") return kvtier::tool::RunSimulate(argc - 1, argv + 1);
+  const bool option = command.size() > 1 && command[0] == '-' && command != "--help" &&
+                      command != "-h";
+  if (option) return kvtier::tool::RunSimulate(argc, argv);  // the default command's options
   if (command == "demo") return kvtier::tool::RunDemo(argc - 1, argv + 1);
   if (command == "formats") return kvtier::tool::RunFormats(argc - 1, argv + 1);
   if (command == "recall") return kvtier::tool::RunRecall(argc - 1, argv + 1);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "examples/kvtier/commands.h"
+#include "examples/kvtier/output_path.h"
 #include "examples/kvtier/recall_flags.h"
 #include "examples/kvtier/recall_report.h"
 #include "examples/kvtier/recall_svg.h"
@@ -85,6 +86,17 @@ int RunRecall(int argc, char** argv) {
   info.date = UtcNow();
   RecallFlags f;
   if (std::optional<int> exit_code = ParseRecallFlags(argc, argv, &f)) return *exit_code;
+  // The outputs before the sweep, which may take half an hour.
+  if (!f.json_path.empty()) {
+    if (absl::Status s = CheckOutputFile(f.json_path); !s.ok()) {
+      return RecallBadFlag(std::string(s.message()));
+    }
+  }
+  if (!f.plots_dir.empty()) {
+    if (absl::Status s = MakeOutputDir(f.plots_dir); !s.ok()) {
+      return RecallBadFlag(std::string(s.message()));
+    }
+  }
   KVDump dump;
   NpyArray queries;
   if (!f.k_npy.empty()) {

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "examples/kvtier/output_path.h"
 
 namespace kvtier::tool {
 namespace {
@@ -13,21 +14,6 @@ std::string Fmt(const char* format, Args... args) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), format, args...);
   return buf;
-}
-
-std::string Escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += Fmt("\\u%04x", static_cast<unsigned>(c));
-    } else {
-      out += c;
-    }
-  }
-  return absl::StrCat("\"", out, "\"");
 }
 
 std::string Num(double x) {
@@ -150,7 +136,7 @@ absl::Status WriteJson(const SweepOptions& o, const SweepResult& r, const RunInf
   std::string contexts, depths;
   for (int64_t c : o.contexts) absl::StrAppend(&contexts, contexts.empty() ? "" : ", ", c);
   for (double d : o.depths) absl::StrAppend(&depths, depths.empty() ? "" : ", ", Num(d));
-  f << "{\n  \"command\": " << Escape(info.command) << ",\n  \"date\": " << Escape(info.date)
+  f << "{\n  \"command\": " << JsonString(info.command) << ",\n  \"date\": " << JsonString(info.date)
     << ",\n  \"seconds\": " << Num(r.seconds) << ",\n  \"settings\": {\"contexts\": [" << contexts
     << "], \"depths\": [" << depths << "], \"trials_per_cell\": " << r.trials_per_cell
     << ", \"sequences_per_cell\": " << r.sequences_per_cell << ", \"kv_heads\": " << r.kv_heads
@@ -173,8 +159,8 @@ absl::Status WriteJson(const SweepOptions& o, const SweepResult& r, const RunInf
   for (size_t a = 0; a < r.arms.size(); ++a) {
     const ArmSweep& arm = r.arms[a];
     std::string palette;
-    for (const std::string& p : arm.palette) absl::StrAppend(&palette, palette.empty() ? "" : ", ", Escape(p));
-    f << (a ? ",\n" : "\n") << "   {\"name\": " << Escape(arm.name) << ", \"palette\": [" << palette
+    for (const std::string& p : arm.palette) absl::StrAppend(&palette, palette.empty() ? "" : ", ", JsonString(p));
+    f << (a ? ",\n" : "\n") << "   {\"name\": " << JsonString(arm.name) << ", \"palette\": [" << palette
       << "], \"bits_per_element\": " << Num(arm.bits_per_element) << ", \"knee_context_tokens\": "
       << (arm.knee.knee ? absl::StrCat(*arm.knee.knee) : "null")
       << ", \"knee_below_range\": " << (arm.knee.below_range ? "true" : "false")

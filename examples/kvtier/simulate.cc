@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "examples/kvtier/commands.h"
+#include "examples/kvtier/output_path.h"
 #include "examples/kvtier/recall_svg.h"
 #include "examples/kvtier/simulate_replay.h"
 #include "kvtier/cache.h"
@@ -121,12 +122,12 @@ std::string Json(const RunResult& run, const RunResult& fp16, double gain, const
                                   f.name, f.blocks_in_use, f.blocks_cached));
   }
   return absl::StrFormat(
-      "{\n  \"policy\": \"%s\",\n  \"capacity_gain_vs_fp16\": %.4f,\n  \"mean_concurrent_sequences\": %.3f,\n"
+      "{\n  \"policy\": %s,\n  \"capacity_gain_vs_fp16\": %.4f,\n  \"mean_concurrent_sequences\": %.3f,\n"
       "  \"fp16_mean_concurrent_sequences\": %.3f,\n  \"prefix_hit_ratio\": %.4f,\n"
       "  \"effective_bits_per_element\": %.4f,\n  \"migrated_blocks\": %d,\n  \"evicted_blocks\": %d,\n"
       "  \"demotions_under_pressure\": %d,\n  \"preemptions\": %d,\n  \"completed_requests\": %d,\n"
       "  \"steps\": %d,\n  \"budget_bytes\": %d,\n  \"tier_mix\": [%s],\n  \"seconds\": %.2f\n}\n",
-      run.policy, gain, run.mean_running, fp16.mean_running, hit, s.effective_bits_per_element,
+      JsonString(run.policy), gain, run.mean_running, fp16.mean_running, hit, s.effective_bits_per_element,
       migrated, s.evicted_blocks, s.demotions_under_pressure, run.preemptions, run.completed, o.replay.steps,
       s.budget_bytes, absl::StrJoin(mix, ", "), run.seconds);
 }
@@ -145,7 +146,8 @@ void Usage(FILE* out) {
                "  --host-tier-mib also run the policy with a host tier of N MiB below the same budget and\n"
                "                  add its column (docs/tiers.md). Default: 0 (no such run)\n"
                "  --instances     N engine instances (caches of the budget each) behind a router that sends\n"
-               "                  request i to instance i mod N; reports their sum instead. Default: 1\n"
+               "                  request i to instance i mod N; reports their sum instead, as a table\n"
+               "                  only (not with --json, --plot, --metrics-port). Default: 1\n"
                "  --remote        with --instances: also run them sharing this Redis server as a remote tier\n"
                "                  (docs/tiers.md) and add its column\n"
                "  --remote-timeout-ms  Options::remote_timeout_ms of that run. Default: 20\n"
@@ -155,11 +157,49 @@ void Usage(FILE* out) {
                "  --linger        keep serving that many seconds after the run\n");
 }
 
+// Flags that ParseFlags saw, where their defaults cannot tell.
+struct GivenFlags {
+  bool plot = false, remote_timeout = false, linger = false;
+};
+
+// 2 (said on stderr) for flags that do not go together or an output that cannot be written,
+// before any work; nullopt when the run may start. Clears the default plot of a cluster run.
+std::optional<int> RefuseCombinations(const GivenFlags& given, SimOptions* options) {
+  SimOptions& o = *options;
+  const auto refuse = [](const std::string& why) {
+    std::fprintf(stderr, "kvtier simulate: %s\n", why.c_str());
+    return 2;
+  };
+  if (o.remote_mac && o.cluster.remote_url.empty()) return refuse("--remote-mac needs --remote");
+  if (given.remote_timeout && o.cluster.remote_url.empty()) {
+    return refuse("--remote-timeout-ms needs --remote");
+  }
+  if (given.linger && o.metrics_port == 0) return refuse("--linger needs --metrics-port");
+  if (o.instances > 1 && (given.plot || !o.json_path.empty() || o.metrics_port > 0)) {
+    return refuse("--plot, --json and --metrics-port are for one instance: --instances reports "
+                  "its table alone");
+  }
+  if (o.instances > 1) o.plot_path.clear();  // the table only
+  if (!o.cluster.remote_url.empty()) {  // the URL checked now, not after the first run
+    Options remote;
+    remote.remote_tier_url = o.cluster.remote_url;
+    if (absl::Status s = ValidateOptions(remote); !s.ok()) {
+      return refuse(absl::StrCat("--remote: ", s.message()));
+    }
+  }
+  for (const std::string* path : {&o.plot_path, &o.json_path}) {
+    if (path->empty()) continue;
+    if (absl::Status s = CheckOutputFile(*path); !s.ok()) return refuse(std::string(s.message()));
+  }
+  return std::nullopt;
+}
+
 // Parses argv[1..argc) into `o`. Returns the exit code when the command ends here: 0 after
 // --help, 2 after a bad flag (said on stderr); nullopt when the simulation should run.
 std::optional<int> ParseFlags(int argc, char** argv, SimOptions* options) {
   SimOptions& o = *options;
   ReplayOptions& r = o.replay;
+  GivenFlags given;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     auto value = [&](std::string* v) {
@@ -182,6 +222,7 @@ std::optional<int> ParseFlags(int argc, char** argv, SimOptions* options) {
       ok = value(&o.json_path);
     } else if (flag == "--plot") {
       ok = value(&o.plot_path);
+      given.plot = true;
     } else if (flag == "--steps") {
       ok = value(&v) && absl::SimpleAtoi(v, &r.steps) && r.steps >= 10 && r.steps <= 10000000;
     } else if (flag == "--budget-mib") {
@@ -194,6 +235,7 @@ std::optional<int> ParseFlags(int argc, char** argv, SimOptions* options) {
     } else if (flag == "--remote") {
       ok = value(&o.cluster.remote_url);
     } else if (flag == "--remote-timeout-ms") {
+      given.remote_timeout = true;
       ok = value(&v) && absl::SimpleAtoi(v, &o.cluster.remote_timeout_ms) &&
            o.cluster.remote_timeout_ms >= 1 && o.cluster.remote_timeout_ms <= 10000;
     } else if (flag == "--seed") {
@@ -204,6 +246,7 @@ std::optional<int> ParseFlags(int argc, char** argv, SimOptions* options) {
     } else if (flag == "--metrics-port") {
       ok = value(&v) && absl::SimpleAtoi(v, &o.metrics_port) && o.metrics_port > 0 && o.metrics_port < 65536;
     } else if (flag == "--linger") {
+      given.linger = true;
       ok = value(&v) && absl::SimpleAtod(v, &o.linger_seconds) && o.linger_seconds >= 0 &&
            o.linger_seconds <= 3600;
     } else {
@@ -220,11 +263,7 @@ std::optional<int> ParseFlags(int argc, char** argv, SimOptions* options) {
     std::fprintf(stderr, "kvtier simulate: --remote needs --instances 2 or more\n");
     return 2;
   }
-  if (o.remote_mac && o.cluster.remote_url.empty()) {
-    std::fprintf(stderr, "kvtier simulate: --remote-mac needs --remote\n");
-    return 2;
-  }
-  return std::nullopt;
+  return RefuseCombinations(given, options);
 }
 
 // The Markdown table comparing the policy run with the FP16 run, the tier mix and the gain.
@@ -384,6 +423,7 @@ int WriteFiles(const SimOptions& o, const RunResult& run, const RunResult& fp16,
   if (!o.json_path.empty()) {
     std::ofstream out(o.json_path);
     out << Json(run, fp16, gain, o);
+    out.close();  // the bytes reach the file here: a full disk fails now
     if (!out) {
       std::fprintf(stderr, "kvtier simulate: cannot write %s\n", o.json_path.c_str());
       return 1;
