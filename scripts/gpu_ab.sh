@@ -14,7 +14,9 @@
 # prints the table (builds that split a shape differently on one line, with their split counts),
 # then each variant row's cost over its plain row (page weights, rotation). AB_DEADLINE
 # (seconds, Default: none): shapes not started by then are skipped, so that a device call's
-# limit never loses the shapes already timed.
+# limit never loses the shapes already timed. AB_MAIN=1: bundle/kvtier_gpu_bench (main's build,
+# carried with the bundle) is timed too, as the reference, named a_main, so that DIR need not
+# hold a copy of it (the device tool carries 64 MiB a call).
 # With the device tool:
 #   run(command="bash scripts/gpu_ab.sh variants 'fp16 1 8192'", carry=["bundle/lib", "variants"])
 set -uo pipefail
@@ -28,6 +30,9 @@ bins=/tmp/ab_bins
 rm -rf "$bins" /tmp/ab_runs && mkdir -p "$bins" /tmp/ab_runs
 names=${BUILDS:-$(for f in "$dir"/*; do basename "$f" .gz; done)}
 list=()
+if [ "${AB_MAIN:-0}" = 1 ]; then
+  cp bundle/kvtier_gpu_bench "$bins/a_main" && list+=("$bins/a_main")
+fi
 for name in $names; do
   if [ -f "$dir/$name.gz" ]; then
     gzip -dc "$dir/$name.gz" >"$bins/$name"
