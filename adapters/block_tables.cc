@@ -17,15 +17,26 @@ using adapter_internal::MakeView;
 using adapter_internal::PoolAndFormat;
 using adapter_internal::ViewTypeOf;
 
+namespace {
+
+// InvalidArgument unless `target` reads dense block tables and NHD views (the formats each
+// reads are CheckReadable's).
+absl::Status CheckDenseTarget(AdapterTarget target) {
+  if (target == AdapterTarget::kFlashAttention2 || target == AdapterTarget::kFlashAttention3 ||
+      target == AdapterTarget::kVllm) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      AdapterTargetName(target), " takes no dense block table (FlashAttention-2, "
+                                 "FlashAttention-3 and vLLM do)"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<BlockTablePart>> BuildBlockTableParts(
     AdapterTarget target, const Options& options, const PageTables& tables,
     const BlockTableOptions& block_options) {
-  if (target != AdapterTarget::kFlashAttention2 && target != AdapterTarget::kFlashAttention3 &&
-      target != AdapterTarget::kVllm) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        AdapterTargetName(target), " takes no dense block table (FlashAttention-2, "
-                                   "FlashAttention-3 and vLLM do)"));
-  }
+  KVTIER_RETURN_IF_ERROR(CheckDenseTarget(target));
   return adapter_internal::BuildParts<BlockTablePart>(
       target, options, tables, [&](const FormatPart& part, BlockTablePart* t) {
         const int32_t needed = adapter_internal::MaxPages(part);
@@ -49,6 +60,7 @@ absl::StatusOr<std::vector<BlockTablePart>> BuildBlockTableParts(
 
 absl::StatusOr<BlockTableLayer> GetBlockTableLayer(AdapterTarget target, const Cache& cache,
                                                    int32_t format, int32_t layer) {
+  KVTIER_RETURN_IF_ERROR(CheckDenseTarget(target));  // FlashInfer reads FP4 and HND: no view here
   KVTIER_ASSIGN_OR_RETURN(const PoolAndFormat p, GetPoolAndFormat(target, cache, format, layer));
   const Geometry& g = p.geometry;
   const int64_t h = g.num_kv_heads, s = g.block_tokens, d = g.head_dim;

@@ -245,6 +245,22 @@ TEST(AdaptersTest, EachTargetReadsItsFormatsAndRefusesTheRest) {
   EXPECT_FALSE(ParseAdapterTarget("xformers").ok());
 }
 
+// The NHD views of a dense block table are for the targets that take one: FlashInfer reads
+// nvfp4/tensor, but through its own HND view (a byte-per-element NHD view of FP4 pages would
+// run into V), so it gets none, whatever the format.
+TEST(AdaptersTest, BlockTableLayersAreOnlyForTheTargetsOfDenseTables) {
+  std::unique_ptr<Cache> cache = MustCreate(MixedOptions({"fp16", "nvfp4/tensor"}));
+  for (const AdapterTarget target : {AdapterTarget::kFlashInfer, AdapterTarget::kFlexAttention,
+                                     AdapterTarget::kTensorRtLlm}) {
+    for (int32_t format : {0, 1}) {
+      const absl::Status s = GetBlockTableLayer(target, *cache, format, 0).status();
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << AdapterTargetName(target);
+      EXPECT_NE(s.message().find("takes no dense block table"), std::string::npos) << s;
+    }
+  }
+  EXPECT_TRUE(GetBlockTableLayer(AdapterTarget::kVllm, *cache, 0, 0).ok());
+}
+
 TEST(AdaptersTest, BuildersRefuseAFormatPresentInTheBatchOnly) {
   std::unique_ptr<Cache> cache = MustCreate(MixedOptions({"fp16", "fp8_e4m3/block_head"}));
   const SequenceId seq = WriteRandom(*cache, 40, 3);

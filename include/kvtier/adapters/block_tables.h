@@ -46,7 +46,8 @@ KVTIER_EXPORT absl::StatusOr<std::vector<BlockTablePart>> BuildBlockTableParts(
 // K and V of one (format, layer) pool as [num_blocks, S, H, D] each (FlashAttention's and
 // vLLM's NHD shape), expressed by strides over kvtier's HND pages: strides
 // [page_bytes / e, D, S x D, 1]. Token and head strides are swapped relative to a contiguous
-// NHD tensor; the last dimension is contiguous.
+// NHD tensor; the last dimension is contiguous. `target` is kFlashAttention2, kFlashAttention3
+// or kVllm (InvalidArgument otherwise), and reads `format` (CheckReadable).
 struct BlockTableLayer {
   TensorView k;
   TensorView v;

@@ -54,6 +54,7 @@ KVTIER_EXPORT absl::StatusOr<std::vector<FormatPart>> PartitionByFormat(const Op
 KVTIER_EXPORT PageTables PartAsPageTables(const FormatPart& part);
 
 // Rows `batch_index` of a row-major [batch, row_elems] array: the queries of one part.
+// REQUIRES: every index is in [0, x.size() / row_elems).
 KVTIER_EXPORT std::vector<float> GatherRows(absl::Span<const float> x, int64_t row_elems,
                                             absl::Span<const int32_t> batch_index);
 
