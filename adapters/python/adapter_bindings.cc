@@ -127,7 +127,13 @@ void BindFlexAttention(CacheClass& cache) {
            [](const PyCache& c, int32_t format, int32_t layer, const py::object& pages) {
              const Geometry& g = c.geometry();
              const std::vector<int32_t> p = FromArray<int32_t>(pages);
-             const bool bf16 = (*c).options().palette.at(format).k.type == ElementType::kBf16;
+             const std::vector<FormatSpec>& palette = (*c).options().palette;
+             if (format < 0 || static_cast<size_t>(format) >= palette.size()) {
+               throw py::value_error("format " + std::to_string(format) +
+                                     " is not in the palette (" +
+                                     std::to_string(palette.size()) + " formats)");
+             }
+             const bool bf16 = palette[format].k.type == ElementType::kBf16;
              const py::dtype dtype(bf16 ? "uint16" : "float16");  // numpy has no bfloat16
              const std::vector<py::ssize_t> shape = {
                  1, g.num_kv_heads, static_cast<py::ssize_t>(p.size()) * g.block_tokens,

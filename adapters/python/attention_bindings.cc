@@ -141,8 +141,7 @@ void MergeStatesCall(const py::object& out_a, const py::object& lse_a, const py:
 // merge_partial_states: per-format (batch_index, out, lse[, base]) states merged on the CPU.
 py::tuple MergePartialStatesCall(int64_t batch, const py::list& parts) {
   using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
-  using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
-  std::vector<IntArray> idx;
+  std::vector<std::vector<int32_t>> idx;
   std::vector<FloatArray> outs, lses;
   std::vector<PartialState> states;
   int32_t heads = 0, dim = 0;
@@ -151,9 +150,12 @@ py::tuple MergePartialStatesCall(int64_t batch, const py::list& parts) {
     if (t.size() != 3 && t.size() != 4) {
       throw py::value_error("each part is (batch_index, out, lse[, 'natural' | 'base2'])");
     }
-    idx.push_back(IntArray::ensure(t[0]));
+    idx.push_back(FromArray<int32_t>(t[0]));  // integers only: a float is refused, not truncated
     outs.push_back(FloatArray::ensure(t[1]));
     lses.push_back(FloatArray::ensure(t[2]));
+    if (!outs.back() || !lses.back()) {
+      throw py::type_error("a part's out and lse must be arrays of numbers");
+    }
     const std::string base = t.size() == 4 ? t[3].cast<std::string>() : "natural";
     if (base != "natural" && base != "base2") {
       throw py::value_error("LSE base must be 'natural' or 'base2'");

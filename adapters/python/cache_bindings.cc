@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -272,7 +273,8 @@ void BindSequences(CacheClass& cache) {
       .def("block_info",
            [](const PyCache& c, BlockId b) {
              const BlockInfo i = Value((*c).GetBlockInfo(b));
-             static const char* kStates[] = {"free", "in_use", "cached"};
+             static const char* kStates[] = {"free", "in_use", "cached", "offloaded"};
+             static_assert(std::size(kStates) == static_cast<size_t>(BlockState::kOffloaded) + 1);
              return py::dict("state"_a = kStates[static_cast<int>(i.state)], "format"_a = i.format,
                              "page"_a = i.page, "ref_count"_a = i.ref_count,
                              "num_tokens"_a = i.num_tokens, "attention"_a = i.attention);

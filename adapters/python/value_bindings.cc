@@ -26,7 +26,8 @@ void BindId(py::module_& m, const std::string& name) {
   py::class_<Id>(m, name.c_str())
       .def_readonly("index", &Id::index)
       .def_readonly("generation", &Id::generation)
-      .def("__eq__", [](Id a, Id b) { return a == b; })
+      .def("__eq__",  // False, not TypeError, against another type (None, an int)
+           [](Id a, const py::object& b) { return py::isinstance<Id>(b) && a == b.cast<Id>(); })
       .def("__hash__", [](Id a) { return (uint64_t{a.generation} << 32) | a.index; })
       .def("__repr__", [name](Id a) {
         return name + "(" + std::to_string(a.index) + "/" + std::to_string(a.generation) + ")";

@@ -98,6 +98,7 @@ def test_sequences_data_and_stats():
     np.testing.assert_array_equal(rv, v.astype(np.float32))
     child = cache.fork(seq)
     assert cache.sequence_length(child) == 20
+    assert child != seq and child == child and seq not in [None, 3, child]  # no TypeError
     more = cache.append_batch([seq, child], [1, 2])
     assert more.shape == (3,)
     stats = cache.stats()
@@ -124,6 +125,7 @@ def test_host_tier_offloads_and_a_prefix_hit_brings_blocks_back():
     k = np.random.default_rng(3).normal(size=(65, H, D)).astype(np.float16)
     for layer in range(2):
         cache.write_kv(layer, slots, k, k)
+    first = cache.sequence_blocks(seq)[0]
     cache.release(seq)
     # A private sequence that needs the whole device budget pushes the cached prefix down.
     pages_per_slab = slab // cache.stats()["formats"][0]["page_bytes"]
@@ -131,6 +133,7 @@ def test_host_tier_offloads_and_a_prefix_hit_brings_blocks_back():
     cache.append(big, 2 * pages_per_slab * 16)
     host = cache.stats()["host"]
     assert host["offloaded_blocks"] == 4 and host["blocks"] == 4
+    assert cache.block_info(first)["state"] == "offloaded"
     cache.release(big)
     hit = cache.add_sequence(prompt=prompt)
     seq, cached = hit
@@ -401,6 +404,9 @@ def test_flex_attention_gather_and_tensorrt_llm_offsets():
     assert trt["block_offsets"][0, 0, 0] * trt["bytes_per_block"] == page * pool["page_bytes"]
     assert trt["block_offsets"][0, 1, 0] == trt["block_offsets"][0, 0, 0] + 1
     assert cache.tensorrt_llm_layer(0, 0)["pool_pointer"] == pool["base"]
+    for bad in (-1, 7):
+        with pytest.raises(ValueError, match="not in the palette"):
+            cache.gather_flex_kv(bad, 0, p["source_pages"])
 
 
 def test_partition_and_merge_equals_whole_attention():
@@ -421,6 +427,10 @@ def test_partition_and_merge_equals_whole_attention():
     assert np.isneginf(lse[1]).all() and np.isneginf(merged_lse[1]).all()  # the empty one
     with pytest.raises(ValueError):
         kvtier.merge_partial_states(len(seqs), [(np.array([0, 0]), po[:2], pl[:2])])
+    with pytest.raises(TypeError):  # the base where the LSE goes
+        kvtier.merge_partial_states(len(seqs), [(idx, po, "base2")])
+    with pytest.raises(TypeError):  # a row index that is not an integer
+        kvtier.merge_partial_states(len(seqs), [(np.array([0.9]), po[:1], pl[:1])])
 
 
 def test_decode_attention_on_the_cpu_backend_is_the_reference():
