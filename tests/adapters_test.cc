@@ -501,6 +501,16 @@ TEST(AdaptersTest, PerFormatAttentionMergedByLseEqualsWholeSequenceAttention) {
                                absl::MakeSpan(lse))
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // A bad part after good ones: the outputs are left as they were, not half merged.
+  const std::vector<float> merged_out = out, merged_lse = lse;
+  std::vector<PartialState> good_then_bad = states;
+  good_then_bad.push_back(bad);
+  EXPECT_EQ(MergePartialStates(good_then_bad, batch, q_heads, kDim, absl::MakeSpan(out),
+                               absl::MakeSpan(lse))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out, merged_out);
+  EXPECT_EQ(lse, merged_lse);
   EXPECT_EQ(MergePartialStates({}, batch, q_heads, kDim, absl::MakeSpan(out).subspan(1),
                                absl::MakeSpan(lse))
                 .code(),

@@ -28,7 +28,7 @@ struct PartialState {
 // Merges the parts of a batch exactly (MergeStates of kvtier/merge_states.h, row by row) into
 // `out` [batch, num_q_heads, head_dim] and `lse` [batch, num_q_heads] (natural log). A batch row
 // in no part gets a zero output and LSE -inf. InvalidArgument for wrong sizes or a batch index
-// out of range or repeated within a part.
+// out of range or repeated within a part, with `out` and `lse` left as they were.
 KVTIER_EXPORT absl::Status MergePartialStates(absl::Span<const PartialState> parts, int64_t batch,
                                               int32_t num_q_heads, int32_t head_dim,
                                               absl::Span<float> out, absl::Span<float> lse);
