@@ -24,6 +24,9 @@ constexpr std::chrono::milliseconds kMaxBackoff{2000};
 constexpr size_t kFloorBytesPerMs = 100'000;
 // The bytes of a reply's framing, or of a whole short reply ("+OK").
 constexpr size_t kShortReplyBytes = 64;
+// What an error reply's text may add to the bytes an exchange asked for (Redis's MISCONF text
+// is over 300 bytes), so that the server's own message is read and reported.
+constexpr size_t kErrorTextBytes = 4096;
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
@@ -188,7 +191,7 @@ absl::Status RedisConnection::NextReply(Clock::time_point deadline, size_t max_b
     if (absl::Status s = Arm(deadline, "reply"); !s.ok()) return s;
     if (redisBufferRead(context_) != REDIS_OK) return Fail("reply");
     if (const size_t unparsed = context_->reader->len - context_->reader->pos;
-        unparsed > max_bytes) {
+        unparsed > max_bytes + kErrorTextBytes) {
       return Drop(absl::InternalError(absl::StrCat(Url(), " reply: ", unparsed,
                                                    " bytes buffered, over the ", max_bytes,
                                                    " asked for")));

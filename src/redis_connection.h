@@ -84,8 +84,9 @@ class RedisConnection {
   // byte at a time never trips a per-write timeout).
   absl::Status Send(size_t bytes);
   // Reads until one whole reply is buffered: *reply; past `deadline`, TimedOut. Internal, the
-  // connection dropped, when more than `max_bytes` are buffered unparsed: a server that declares
-  // a longer reply than was asked for is cut there, not buffered whole.
+  // connection dropped, when more than `max_bytes` (and an error text's allowance) are buffered
+  // unparsed: a server that declares a longer reply than was asked for is cut there, not
+  // buffered whole.
   absl::Status NextReply(Clock::time_point deadline, size_t max_bytes, void** reply);
   // Sends `commands` and reads one entry per reply into *values (a string's value, else
   // nullopt), all within Budget(reply_bytes) of the sending; retries once on a fresh connection

@@ -91,6 +91,27 @@ TEST(RedisConnectionTest, AReplyLongerThanAskedForIsCutNotBufferedWhole) {
   EXPECT_LT(sent.load(), int64_t{64} << 20) << "bytes the client took in before it cut the reply";
 }
 
+// A long error reply (Redis's MISCONF text is over 300 bytes) to a SET, whose reply is asked to
+// be short: the server's own message comes back, not the cut of an over-long reply.
+TEST(RedisConnectionTest, ALongErrorReplyIsReadAndReported) {
+  const std::string text =
+      "MISCONF Redis is configured to save RDB snapshots, but it is currently not able to "
+      "persist on disk. Commands that may modify the data set are disabled, because this "
+      "instance is configured to report errors during writes if RDB snapshotting fails "
+      "(stop-writes-on-bgsave-error option). Please check the Redis logs for details.";
+  OneConnectionServer server([&text](int client) {
+    char request[512];
+    if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
+    const std::string reply = "-" + text + "\r\n";
+    (void)send(client, reply.data(), reply.size(), MSG_NOSIGNAL);
+  });
+  RedisConnection connection(server.address(), 2000);
+  const absl::Status s = connection.Set("k", "v");
+  server.Join();
+  EXPECT_TRUE(absl::IsInternal(s)) << s;
+  EXPECT_EQ(s.message(), text);
+}
+
 // A server that resets the connection with a large value half sent (as Redis does on a restart,
 // an idle timeout or CLIENT KILL): the write fails (the kernel reports the reset to the first
 // write after it) and the connection is dropped, never written again, so no write meets the
