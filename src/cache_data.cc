@@ -93,7 +93,7 @@ absl::Status CacheImpl::CheckSlot(int64_t slot) const {
         "slot ", slot, " is offset ", slot % s, " of a block with ", b.num_tokens,
         " reserved tokens (offsets [0, ", b.num_tokens, ")): append first"));
   }
-  if (b.ref_count > 1) {
+  if (b.ref_count > 1 && !indexed_this_step_.contains(BlockKey(pool_.blocks().IdOf(owner)))) {
     return absl::FailedPreconditionError(absl::StrCat(
         "slot ", slot, " is in a block shared by ", b.ref_count,
         " sequences; append to the sequence again to get a private copy"));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "src/evictor.h"
 #include "src/prefix_hash.h"
@@ -92,9 +93,10 @@ void CacheImpl::Attach(Sequence& seq, uint32_t block) {
 
 void CacheImpl::IndexFullTail(Sequence& seq) {
   const uint64_t hash = HashBlock(seq.chain_hash, seq.tail_tokens, seq.extra_key);
-  if (pool_.Publish(seq.blocks.back(), hash, seq.chain_hash, seq.extra_key, seq.tail_tokens) &&
-      remote_ != nullptr) {
-    QueueRemoteWrite(seq.blocks.back(), hash);
+  const uint32_t block = seq.blocks.back();
+  if (pool_.Publish(block, hash, seq.chain_hash, seq.extra_key, seq.tail_tokens)) {
+    indexed_this_step_.insert(BlockKey(pool_.blocks().IdOf(block)));
+    if (remote_ != nullptr) QueueRemoteWrite(block, hash);
   }
   seq.chain_hash = hash;
   seq.tail_tokens.clear();
@@ -163,6 +165,7 @@ absl::StatusOr<CacheImpl::AppendPlan> CacheImpl::PlanAppend(
     absl::Span<const SequenceId> batch, absl::Span<const int64_t> num_tokens) {
   const int64_t s = options_.geometry.block_tokens;
   AppendPlan plan;
+  absl::flat_hash_map<uint32_t, uint32_t> tail_copies;  // [shared tail] its holders so far
   batch_sequences_.clear();
   batch_number_ += 1;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -184,10 +187,14 @@ absl::StatusOr<CacheImpl::AppendPlan> CacheImpl::PlanAppend(
     const int64_t room = TailRoom(*seq) >= before ? TailRoom(*seq) - before
                                                   : (s - (before - TailRoom(*seq)) % s) % s;
     if (num_tokens[i] > room) plan.pages += (num_tokens[i] - room + s - 1) / s;
-    // A shared partial tail is copied before the write.
-    if (before == 0 && TailRoom(*seq) > 0 && pool_[seq->blocks.back()].ref_count > 1) {
-      plan.pages += 1;
-      plan.shared_tails += 1;
+    // A shared partial tail is copied before the write, by each of its holders in the batch
+    // but the last one left holding it.
+    if (before == 0 && TailRoom(*seq) > 0) {
+      const uint32_t tail = seq->blocks.back();
+      if (pool_[tail].ref_count > 1 && ++tail_copies[tail] < pool_[tail].ref_count) {
+        plan.pages += 1;
+        plan.shared_tails += 1;
+      }
     }
     before += num_tokens[i];
   }
@@ -199,6 +206,8 @@ void CacheImpl::AppendTokensLocked(Sequence& seq, int64_t n, absl::Span<const in
                                    std::vector<int64_t>* slots) {
   const int64_t s = options_.geometry.block_tokens;
   seq.hashing = seq.hashing && !tokens.empty();
+  const size_t first_token = *next_token;  // this sequence's ids, hashed or not
+  if (!tokens.empty()) *next_token += static_cast<size_t>(n);
   for (int64_t t = 0; t < n; ++t) {
     if (TailRoom(seq) == 0) {
       if (*now_ms == CacheMetrics::kNoTime) *now_ms = metrics_.NowMs();
@@ -209,7 +218,7 @@ void CacheImpl::AppendTokensLocked(Sequence& seq, int64_t n, absl::Span<const in
     slots->push_back(static_cast<int64_t>(tail.page) * s + tail.num_tokens);
     tail.num_tokens += 1;
     if (seq.hashing) {
-      seq.tail_tokens.push_back(tokens[(*next_token)++]);
+      seq.tail_tokens.push_back(tokens[first_token + static_cast<size_t>(t)]);
       if (tail.num_tokens == s) IndexFullTail(seq);
     }
   }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "kvtier/cache.h"
 #include "src/backend.h"
 #include "src/block_events.h"
@@ -97,8 +98,10 @@ class CacheImpl final : public Cache {
   int num_formats() const { return static_cast<int>(options_.palette.size()); }
 
   // Sequences and sharing (cache_impl.cc).
-  // Indexes the block that `seq`'s tail tokens just filled.
+  // Indexes the block that `seq`'s tail tokens just filled (and lists it in indexed_this_step_).
   void IndexFullTail(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A block's id as one key: index and generation.
+  static uint64_t BlockKey(BlockId id) { return uint64_t{id.index} << 32 | id.generation; }
   // Appends to `seq` a block found in the prefix index, already referenced for it.
   void Attach(Sequence& seq, uint32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one reference held by `seq` (pool_.Unreferenced at the last).
@@ -116,7 +119,8 @@ class CacheImpl final : public Cache {
   absl::StatusOr<AppendPlan> PlanAppend(absl::Span<const SequenceId> batch,
                                         absl::Span<const int64_t> num_tokens)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends `n` tokens (ids from `tokens` at `*next_token` when hashing) to `seq`.
+  // Appends `n` tokens to `seq`: its ids are tokens[*next_token..+n) (hashed while the
+  // sequence hashes), and *next_token moves past them whenever `tokens` holds ids.
   void AppendTokensLocked(Sequence& seq, int64_t n, absl::Span<const int32_t> tokens,
                           size_t* next_token, uint32_t* now_ms, std::vector<int64_t>* slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -146,8 +150,9 @@ class CacheImpl final : public Cache {
 
   // K/V in and out (cache_data.cc).
   absl::Status CheckLayer(int32_t layer) const;
-  // OK when `slot` is reserved in a block that only one sequence holds; otherwise which case
-  // it is (out of range, a released or empty page, an unreserved offset, a shared block).
+  // OK when `slot` is reserved in a block that only one sequence holds, or in one indexed in
+  // this step; otherwise which case it is (out of range, a released or empty page, an
+  // unreserved offset, a shared block).
   absl::Status CheckSlot(int64_t slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckSlots(int32_t layer, absl::Span<const int64_t> slots, const KVInput& kv) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -156,8 +161,15 @@ class CacheImpl final : public Cache {
   // Demote's body for validated, distinct block indices all hotter than `format`.
   absl::Status DemoteLocked(absl::Span<const uint32_t> blocks, int format)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Requantises the blocks of `ids` now in format `from` into pages of `format`.
-  absl::Status DemoteFrom(int from, absl::Span<const uint32_t> ids, int format)
+  // The blocks of one source format requantised into new pages (dst) of the target format,
+  // not moved yet.
+  struct Requantized {
+    int from;
+    std::vector<uint32_t> blocks, dst;
+  };
+  // Requantises the blocks of `ids` now in format `from` into new pages of `format`; on failure
+  // frees those pages.
+  absl::StatusOr<Requantized> RequantizeFrom(int from, absl::Span<const uint32_t> ids, int format)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The policy pass of EndStep.
   void RunPolicy() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -193,6 +205,10 @@ class CacheImpl final : public Cache {
   std::vector<Sequence*> batch_sequences_ ABSL_GUARDED_BY(mu_);
   // PlanAppend's number for its batch (Sequence::planned_by); 0 is no batch's.
   uint64_t batch_number_ ABSL_GUARDED_BY(mu_) = 0;
+  // The blocks indexed since the last EndStep (BlockKey): their K/V is due by then, and a
+  // request admitted meanwhile may already share them, so their owner's WriteKV still goes
+  // through (the same tokens, so the same K/V).
+  absl::flat_hash_set<uint64_t> indexed_this_step_ ABSL_GUARDED_BY(mu_);
 
   // The policy in force, resolved to palette indices (cache_policy.cc).
   struct ActivePolicy {
@@ -207,7 +223,9 @@ class CacheImpl final : public Cache {
   std::optional<ActivePolicy> policy_ ABSL_GUARDED_BY(mu_);
   bool under_pressure_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<SequenceId> dirty_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::vector<uint32_t>> demote_queue_ ABSL_GUARDED_BY(mu_);  // [target format]
+  // [target format] Blocks the policy moves colder, by id: a block that cannot move in its
+  // step stays queued, and its index may name another block by the next.
+  std::vector<std::vector<BlockId>> demote_queue_ ABSL_GUARDED_BY(mu_);
 
   // The remote tier (thread-safe itself), null without one, and the blocks indexed since the
   // last EndStep that it should receive.

@@ -69,6 +69,7 @@ absl::Status CacheImpl::RecordAttention(SequenceId id, absl::Span<const float> b
 absl::Status CacheImpl::EndStep() {
   MutexLock lock(&mu_);
   if (remote_ != nullptr) StageRemoteWrites();
+  indexed_this_step_.clear();
   RunPolicy();
   metrics_.steps += 1;
   if (events_ != nullptr) events_->EndStep();
@@ -130,7 +131,7 @@ void CacheImpl::AgeSequence(Sequence& seq) {
         }
         if (++m.votes < m.ref_count) continue;
       }
-      demote_queue_[target].push_back(b);
+      demote_queue_[target].push_back(pool_.blocks().IdOf(b));
     }
     seq.tier_cursor[k] = std::max(seq.tier_cursor[k], n[k]);
   }
@@ -149,16 +150,21 @@ void CacheImpl::UpdatePressure() {
 }
 
 void CacheImpl::DrainDemoteQueue(int format) {
-  std::vector<uint32_t>& queue = demote_queue_[format];
-  std::sort(queue.begin(), queue.end());
+  std::vector<BlockId>& queue = demote_queue_[format];
+  const auto by_index = [](BlockId a, BlockId b) {
+    return a.index != b.index ? a.index < b.index : a.generation < b.generation;
+  };
+  std::sort(queue.begin(), queue.end(), by_index);
   queue.erase(std::unique(queue.begin(), queue.end()), queue.end());
-  // A block queued twice, freed (or evicted below) since, or already there is skipped.
+  // Skipped: a block queued twice, freed (or evicted below) since, offloaded, already there, or
+  // held since by a request whose minimum precision is hotter than `format`.
   auto drop_stale = [&](size_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     queue.erase(std::remove_if(queue.begin() + static_cast<std::ptrdiff_t>(from), queue.end(),
-                               [&](uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                 return pool_[b].state == BlockState::kFree ||
-                                        pool_[b].state == BlockState::kOffloaded ||
-                                        pool_[b].format >= format;
+                               [&](BlockId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                 if (!pool_.blocks().IsLive(id)) return true;
+                                 const BlockMeta& m = pool_[id.index];
+                                 return m.state == BlockState::kOffloaded ||
+                                        m.format >= format || format > m.coldest_format;
                                }),
                 queue.end());
   };
@@ -178,9 +184,9 @@ void CacheImpl::DrainDemoteQueue(int format) {
       drop_stale(done);  // queued blocks that were cached may have gone
     }
     const size_t chunk = std::min<uint64_t>(queue.size() - done, pages_->RoomFor(format));
-    if (chunk == 0 || !DemoteLocked(absl::MakeConstSpan(queue).subspan(done, chunk), format).ok()) {
-      break;
-    }
+    std::vector<uint32_t> indices;
+    for (size_t i = done; i < done + chunk; ++i) indices.push_back(queue[i].index);
+    if (chunk == 0 || !DemoteLocked(indices, format).ok()) break;
     done += chunk;
   }
   queue.erase(queue.begin(), queue.begin() + done);
@@ -247,10 +253,26 @@ absl::Status CacheImpl::DemoteLocked(absl::Span<const uint32_t> ids, int format)
   // when the colder pool is full).
   KVTIER_RETURN_IF_ERROR(pool_.EnsureFreePages(format, static_cast<uint32_t>(ids.size()), false));
   const auto started = std::chrono::steady_clock::now();
-  // One backend call per source format, so that each call reads one pool per layer.
+  // One backend call per source format, so that each call reads one pool per layer. No block
+  // moves before every call has succeeded: a failure frees the new pages and leaves every block
+  // where it was.
+  std::vector<Requantized> done;
   for (int f = 0; f < format; ++f) {
-    // Blocks of earlier source formats are already demoted when a later one fails.
-    KVTIER_RETURN_IF_ERROR(DemoteFrom(f, ids, format));
+    absl::StatusOr<Requantized> r = RequantizeFrom(f, ids, format);
+    if (!r.ok()) {
+      for (const Requantized& d : done) {
+        for (uint32_t page : d.dst) pages_->FreeNow(format, page);
+      }
+      return r.status();
+    }
+    done.push_back(*std::move(r));
+  }
+  for (const Requantized& d : done) {
+    const int64_t n = static_cast<int64_t>(d.blocks.size());
+    const int64_t page_pair = pages_->layout(d.from).page_bytes + pages_->layout(format).page_bytes;
+    metrics_.CountMigration(d.from, format, n, n * options_.geometry.num_layers * page_pair);
+    if (under_pressure_) metrics_.demotions_under_pressure += n;
+    for (size_t i = 0; i < d.blocks.size(); ++i) pool_.MoveToPage(d.blocks[i], format, d.dst[i]);
   }
   metrics_.migration_seconds.Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
@@ -258,32 +280,29 @@ absl::Status CacheImpl::DemoteLocked(absl::Span<const uint32_t> ids, int format)
   return absl::OkStatus();
 }
 
-absl::Status CacheImpl::DemoteFrom(int from, absl::Span<const uint32_t> ids, int format) {
-  std::vector<uint32_t> blocks, src, dst;
+absl::StatusOr<CacheImpl::Requantized> CacheImpl::RequantizeFrom(int from,
+                                                                 absl::Span<const uint32_t> ids,
+                                                                 int format) {
+  Requantized r{from, {}, {}};
+  std::vector<uint32_t> src;
   for (uint32_t id : ids) {
     if (pool_[id].format != from) continue;
-    blocks.push_back(id);
+    r.blocks.push_back(id);
     src.push_back(pool_[id].page);
-    dst.push_back(pages_->Allocate(format, id));
+    r.dst.push_back(pages_->Allocate(format, id));
   }
-  if (src.empty()) return absl::OkStatus();
+  if (src.empty()) return r;
   std::vector<PoolView> from_views, to_views;
   for (int l = 0; l < options_.geometry.num_layers; ++l) {
     from_views.push_back(pages_->View(from, l));
     to_views.push_back(pages_->View(format, l));
   }
-  const absl::Status s = backend_->Requantize(from_views, to_views, src, dst);
+  const absl::Status s = backend_->Requantize(from_views, to_views, src, r.dst);
   if (!s.ok()) {
-    for (uint32_t page : dst) pages_->FreeNow(format, page);
+    for (uint32_t page : r.dst) pages_->FreeNow(format, page);
     return s;
   }
-  const int64_t n = static_cast<int64_t>(src.size());
-  metrics_.CountMigration(from, format, n,
-                          n * options_.geometry.num_layers *
-                              (pages_->layout(from).page_bytes + pages_->layout(format).page_bytes));
-  if (under_pressure_) metrics_.demotions_under_pressure += n;
-  for (size_t i = 0; i < blocks.size(); ++i) pool_.MoveToPage(blocks[i], format, dst[i]);
-  return absl::OkStatus();
+  return r;
 }
 
 }  // namespace kvtier

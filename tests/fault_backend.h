@@ -23,6 +23,8 @@ struct Faults {
   bool fail_write_rows = false;
   bool fail_read_page = false;
   bool fail_requantize = false;
+  // Requantize calls that still succeed; every later one fails. -1: none fails.
+  int64_t requantizes_before_failure = -1;
   bool fail_copy_page = false;
   bool fail_copy_pages = false;  // copies between the tiers
   bool fail_record_fence = false;
@@ -67,7 +69,10 @@ class FaultBackend final : public Backend {
   absl::Status Requantize(absl::Span<const PoolView> from, absl::Span<const PoolView> to,
                           absl::Span<const uint32_t> src_pages,
                           absl::Span<const uint32_t> dst_pages) override {
-    if (faults_->fail_requantize) return Injected("Requantize");
+    if (faults_->fail_requantize || faults_->requantizes_before_failure == 0) {
+      return Injected("Requantize");
+    }
+    if (faults_->requantizes_before_failure > 0) faults_->requantizes_before_failure -= 1;
     return cpu_->Requantize(from, to, src_pages, dst_pages);
   }
   absl::Status CopyPage(const PoolView& pool, uint32_t src, uint32_t dst) override {

@@ -29,6 +29,17 @@ class FaultInjectionTest : public ::testing::Test {
     cache_ = std::move(*cache);
   }
 
+  // Palette {FP16, FP8} under the "fp8" policy without sink tokens: a full block moves to FP8
+  // at the EndStep after it is 16 tokens old.
+  void CreateWithFp8Policy() {
+    Options o = SmallOptions(4);
+    o.palette.push_back(*ParseFormat("fp8_e4m3/block_head"));
+    Create(o);
+    Policy p = *PolicyPreset("fp8");
+    p.sink_tokens = 0;
+    ASSERT_TRUE(cache_->SetPolicy(p).ok());
+  }
+
   // A sequence of `tokens` tokens with random K/V in every layer.
   SequenceId Written(int64_t tokens, uint32_t seed) {
     const SequenceId seq = *cache_->AddSequence();
@@ -111,14 +122,35 @@ TEST_F(FaultInjectionTest, AllocationFailsMidDemotion) {
   ExpectHealthy();
 }
 
-// The policy's demotions in EndStep meet the same faults: the blocks stay hot and are retried.
-TEST_F(FaultInjectionTest, PolicyDemotionFailsInEndStep) {
+// A demotion from two source formats is one change: when the second format's requantisation
+// fails, the first's blocks have not moved either.
+TEST_F(FaultInjectionTest, DemotionFromTwoFormatsFailsAsAWhole) {
   Options o = SmallOptions(4);
   o.palette.push_back(*ParseFormat("fp8_e4m3/block_head"));
+  o.palette.push_back(*ParseFormat("nvfp4/block_head"));
   Create(o);
-  Policy p = *PolicyPreset("fp8");
-  p.sink_tokens = 0;
-  ASSERT_TRUE(cache_->SetPolicy(p).ok());
+  const SequenceId seq = Written(64, 6);
+  const std::vector<BlockId> blocks = *cache_->SequenceBlocks(seq);
+  ASSERT_TRUE(cache_->Demote({blocks[0]}, 1).ok());
+  ASSERT_TRUE(cache_->Demote({blocks[2]}, 2).ok());  // both colder pools hold a slab
+  const std::vector<float> data = Read(seq);
+  const CacheStats before = cache_->GetStats();
+  faults_->requantizes_before_failure = 1;  // FP16 -> NVFP4 succeeds, FP8 -> NVFP4 fails
+  const absl::Status s = cache_->Demote({blocks[0], blocks[1]}, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_EQ(cache_->GetBlockInfo(blocks[0])->format, 1);
+  EXPECT_EQ(cache_->GetBlockInfo(blocks[1])->format, 0);
+  ExpectSameState(before, cache_->GetStats());
+  EXPECT_EQ(Read(seq), data);
+  ExpectHealthy();
+  faults_->requantizes_before_failure = -1;
+  EXPECT_TRUE(cache_->Demote({blocks[0], blocks[1]}, 2).ok());
+  ExpectHealthy();
+}
+
+// The policy's demotions in EndStep meet the same faults: the blocks stay hot and are retried.
+TEST_F(FaultInjectionTest, PolicyDemotionFailsInEndStep) {
+  CreateWithFp8Policy();
   const SequenceId seq = Written(80, 3);
   const std::vector<float> data = Read(seq);
   faults_->fail_requantize = true;
@@ -129,6 +161,46 @@ TEST_F(FaultInjectionTest, PolicyDemotionFailsInEndStep) {
   faults_->fail_requantize = false;
   EXPECT_TRUE(cache_->EndStep().ok());
   EXPECT_GT(cache_->GetStats().formats[1].blocks_in_use, 0);
+  ExpectHealthy();
+}
+
+// Blocks left queued by a failed policy demotion are named by id: by the next step their indices
+// may hold other blocks (a new sequence's, whose tail must stay hot), and a request that
+// attached to them since may forbid the colder format.
+TEST_F(FaultInjectionTest, BlocksLeftQueuedForDemotionAreCheckedAgain) {
+  CreateWithFp8Policy();
+  // Freed and reused: the four queued blocks' indices go to the next sequence's blocks.
+  const SequenceId gone = Written(80, 3);
+  faults_->fail_requantize = true;
+  EXPECT_TRUE(cache_->EndStep().ok());
+  ASSERT_GT(cache_->GetStats().policy_demotion_failures, 0);
+  ASSERT_TRUE(cache_->Release(gone).ok());
+  const SequenceId reused = Written(17, 4);
+  faults_->fail_requantize = false;
+  EXPECT_TRUE(cache_->EndStep().ok());
+  const std::vector<BlockId> reused_blocks = *cache_->SequenceBlocks(reused);
+  for (BlockId b : reused_blocks) {
+    EXPECT_EQ(cache_->GetBlockInfo(b)->format, 0) << "block " << b.index;
+  }
+  ExpectHealthy();
+  // Attached since by a request that keeps FP16.
+  const std::vector<int32_t> ids = ::kvtier::testing::Tokens(80, 100);
+  const SequenceId owner = *cache_->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->AppendTokens(owner, ids, &slots).ok());
+  faults_->fail_requantize = true;
+  EXPECT_TRUE(cache_->EndStep().ok());
+  SequenceOptions strict;
+  strict.prompt = absl::MakeConstSpan(ids).subspan(0, 65);
+  strict.coldest_format = 0;
+  const AddResult held = *cache_->AddSequence(strict);
+  ASSERT_EQ(held.cached_tokens, 64);
+  faults_->fail_requantize = false;
+  EXPECT_TRUE(cache_->EndStep().ok());
+  const std::vector<BlockId> held_blocks = *cache_->SequenceBlocks(held.id);
+  for (BlockId b : held_blocks) {
+    EXPECT_EQ(cache_->GetBlockInfo(b)->format, 0) << "block " << b.index;
+  }
   ExpectHealthy();
 }
 

@@ -77,6 +77,69 @@ TEST_F(PrefixCacheTest, ReleasedBlocksStayCachedAndAreReused) {
   EXPECT_EQ(s.formats[0].blocks_in_use, 2);
 }
 
+// A sequence appended once without ids stops hashing; in a batch with ids, its ids are still
+// skipped, so that the next sequence's block is indexed under its own tokens.
+TEST_F(PrefixCacheTest, ABatchSkipsTheIdsOfASequenceThatStoppedHashing) {
+  const SequenceId unhashed = *cache_->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->Append(unhashed, 1, &slots).ok());
+  const SequenceId hashed = *cache_->AddSequence();
+  std::vector<int32_t> ids = Tokens(16, 0);
+  const std::vector<int32_t> own = Tokens(16, 1000);
+  ids.insert(ids.end(), own.begin(), own.end());
+  ASSERT_TRUE(cache_->AppendBatch({unhashed, hashed}, {16, 16}, ids, &slots).ok());
+  SequenceOptions probe;
+  const std::vector<int32_t> skipped = Tokens(17, 0), indexed = Tokens(17, 1000);
+  probe.prompt = skipped;
+  EXPECT_EQ(cache_->AddSequence(probe)->cached_tokens, 0);
+  probe.prompt = indexed;
+  EXPECT_EQ(cache_->AddSequence(probe)->cached_tokens, 16);
+}
+
+// Two requests with one prompt admitted in one step: the second shares the first's blocks
+// before their K/V is written, and the first's WriteKV fills them for both. From the next step
+// on, a shared block takes no write.
+TEST_F(PrefixCacheTest, ABlockSharedBeforeItsKVIsWrittenTakesItsOwnersWrite) {
+  const std::vector<int32_t> prompt = Tokens(33, 0);
+  const SequenceId first = *cache_->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->AppendTokens(first, absl::MakeConstSpan(prompt).subspan(0, 32), &slots).ok());
+  SequenceOptions same;
+  same.prompt = prompt;
+  const AddResult second = *cache_->AddSequence(same);
+  ASSERT_EQ(second.cached_tokens, 32);
+  const Geometry& g = cache_->options().geometry;
+  const std::vector<uint16_t> kv =
+      ::kvtier::testing::RandomHalves(32 * g.num_kv_heads * g.head_dim, 9);
+  const KVInput input{DType::kFloat16, kv.data(), kv.data(), 32, g.num_kv_heads, g.head_dim};
+  for (int l = 0; l < g.num_layers; ++l) ASSERT_TRUE(cache_->WriteKV(l, slots, input).ok());
+  std::vector<float> k1(kv.size()), v1(kv.size()), k2(kv.size()), v2(kv.size());
+  ASSERT_TRUE(cache_->ReadKV(first, 0, absl::MakeSpan(k1), absl::MakeSpan(v1)).ok());
+  ASSERT_TRUE(cache_->ReadKV(second.id, 0, absl::MakeSpan(k2), absl::MakeSpan(v2)).ok());
+  EXPECT_NE(k2, std::vector<float>(k2.size(), 0.f));  // written, and read through `second`
+  EXPECT_EQ(k1, k2);
+  EXPECT_EQ(v1, v2);
+  ASSERT_TRUE(cache_->EndStep().ok());
+  EXPECT_EQ(cache_->WriteKV(0, slots, input).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A parent and its fork that share a partial tail and both append in one batch make one copy:
+// the second finds the tail its own. With one free page the batch fits.
+TEST_F(PrefixCacheTest, AForkAndItsParentInOneBatchCopyTheirTailOnce) {
+  const SequenceId parent = *cache_->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->Append(parent, 20, &slots).ok());
+  const SequenceId child = *cache_->Fork(parent);
+  const SequenceId filler = *cache_->AddSequence();
+  ASSERT_TRUE(cache_->Append(filler, 253 * 16, &slots).ok());  // one slab: 1 of 256 pages left
+  const CacheStats before = cache_->GetStats();
+  slots.clear();
+  ASSERT_TRUE(cache_->AppendBatch({parent, child}, {1, 1}, {}, &slots).ok());
+  EXPECT_EQ(cache_->GetStats().copy_on_write_blocks, before.copy_on_write_blocks + 1);
+  EXPECT_EQ(cache_->GetStats().allocation_failures, before.allocation_failures);
+  EXPECT_NE(slots[0] / 16, slots[1] / 16);
+}
+
 TEST_F(PrefixCacheTest, ExtraKeyAndMinimumPrecisionMakeMisses) {
   Serve(Tokens(40, 7));
   const std::vector<int32_t> prompt = Tokens(40, 7);

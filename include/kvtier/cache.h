@@ -190,7 +190,9 @@ class KVTIER_EXPORT Cache {
   // Writes K/V of `kv.num_tokens` tokens of `layer` into `slots` (as returned by Append),
   // encoding them into the hot format. REQUIRES: kv.dtype FP16 or BF16, kv shape
   // [slots.size(), num_kv_heads, head_dim]; every slot reserved and in a block that only one
-  // sequence holds. InvalidArgument otherwise, before anything is written.
+  // sequence holds, or in one that AppendTokens filled and indexed since the last EndStep (a
+  // request admitted meanwhile may share it already, and expects these K/V). InvalidArgument
+  // otherwise (FailedPrecondition for a shared block), before anything is written.
   virtual absl::Status WriteKV(int32_t layer, absl::Span<const int64_t> slots,
                                const KVInput& kv) = 0;
 
