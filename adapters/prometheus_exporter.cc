@@ -1,4 +1,4 @@
-#include "adapters/prometheus_exporter.h"
+#include "kvtier/adapters/prometheus_exporter.h"
 
 #include <deque>
 #include <iterator>

@@ -58,10 +58,16 @@ target_compile_definitions(kvtier PRIVATE KVTIER_WITH_CUDA=1)
 target_link_libraries(kvtier PRIVATE $<BUILD_INTERFACE:CUDA::cudart_static>)
 get_target_property(_kvtier_type kvtier TYPE)
 if(_kvtier_type STREQUAL "STATIC_LIBRARY")
-  # Programs linking the installed static library need the runtime too. (A shared libkvtier
-  # carries it inside.) Named by path so that the installed package needs no CUDAToolkit.
+  # Programs linking the installed static library need the runtime too, through the CMake
+  # package and the pkg-config file alike. (A shared libkvtier carries it inside.) Named by path
+  # so that the installed package needs no CUDAToolkit.
   foreach(_lib IN ITEMS "${CUDA_cudart_static_LIBRARY}" ${CMAKE_DL_LIBS} rt pthread)
     target_link_libraries(kvtier INTERFACE "$<INSTALL_INTERFACE:${_lib}>")
+    if(IS_ABSOLUTE "${_lib}")
+      string(APPEND KVTIER_PC_LIBS_CUDA " ${_lib}")
+    else()
+      string(APPEND KVTIER_PC_LIBS_CUDA " -l${_lib}")
+    endif()
   endforeach()
 endif()
 

@@ -52,8 +52,12 @@ cmake --install "$root/release" >/dev/null
 cmake -S examples/embed -B "$root/embed" -G Ninja -DCMAKE_PREFIX_PATH="$PWD/$root/prefix" >/dev/null
 cmake --build "$root/embed"
 "$root/embed/embed"
-PKG_CONFIG_PATH="$PWD/$root/prefix/lib/pkgconfig" pkg-config --cflags --libs kvtier >/dev/null
-echo "pkg-config kvtier: OK"
+"$root/embed/embed_metrics"
+step "release: build examples/embed with the installed pkg-config file"
+# shellcheck disable=SC2046  # the flags are separate words
+c++ -std=c++17 -O1 examples/embed/main.cc -o "$root/embed/embed_pkg_config" \
+  $(PKG_CONFIG_PATH="$PWD/$root/prefix/lib/pkgconfig" pkg-config --cflags --libs kvtier)
+"$root/embed/embed_pkg_config"
 
 configure_build_test asan-ubsan -DCMAKE_BUILD_TYPE=Debug -DKVTIER_BUILD_TOOLS=OFF \
   -DKVTIER_SANITIZE=address,undefined -DKVTIER_WITH_CUDA=OFF

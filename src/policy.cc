@@ -186,7 +186,12 @@ absl::StatusOr<Policy> LoadPolicy(absl::string_view name_or_path) {
   absl::StatusOr<Policy> preset = PolicyPreset(name_or_path);
   const bool looks_like_path = name_or_path.find('/') != absl::string_view::npos ||
                               name_or_path.find(".json") != absl::string_view::npos;
-  if (preset.ok() || !looks_like_path) return preset;
+  if (preset.ok()) return preset;
+  if (!looks_like_path) {
+    return absl::Status(preset.status().code(),
+                        absl::StrCat(preset.status().message(),
+                                     " (a policy file's path holds a '/' or ends in .json)"));
+  }
   std::ifstream in{std::string(name_or_path)};
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open policy file ", name_or_path));
   std::stringstream text;

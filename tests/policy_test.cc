@@ -70,6 +70,10 @@ TEST(PolicyTest, LoadsAPresetOrAFile) {
   EXPECT_EQ(p.name, "mine");
   EXPECT_EQ(p.tiers[0].max_age_tokens, 128);
   EXPECT_EQ(LoadPolicy("/nonexistent/policy.json").status().code(), absl::StatusCode::kNotFound);
+  // A bare name is a preset's: the error says how a file is named.
+  const absl::Status bare = LoadPolicy("mine").status();
+  EXPECT_EQ(bare.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(bare.message().find("holds a '/' or ends in .json"), absl::string_view::npos) << bare;
   std::remove(path.c_str());
 }
 

@@ -1,5 +1,5 @@
 // The exporter renders every metric of docs/metrics.md from a stats snapshot.
-#include "adapters/prometheus_exporter.h"
+#include "kvtier/adapters/prometheus_exporter.h"
 
 #include <sstream>
 #include <string>

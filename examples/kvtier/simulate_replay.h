@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "adapters/prometheus_exporter.h"
+#include "kvtier/adapters/prometheus_exporter.h"
 #include "examples/kvtier/simulate_workload.h"
 #include "kvtier/cache.h"
 #include "kvtier/policy.h"

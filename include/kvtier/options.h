@@ -52,8 +52,9 @@ struct Options {
   // Bytes of page memory across all layers and formats. The budget is cut into slabs of
   // `slab_bytes` per layer that move between format pools. REQUIRES: at least one slab in
   // every layer, two when the palette has several formats (a demotion holds a slab of its
-  // source and one of its target at once), and at most 2^24 pages in the palette's densest
-  // format (the host metadata of one block per page is allocated up front). Default: 256 MiB.
+  // source and one of its target at once), and at most 2^24 pages per layer in the palette's
+  // densest format (the host metadata of one block per page is allocated up front).
+  // Default: 256 MiB.
   size_t memory_budget_bytes = size_t{256} << 20;
 
   // The unit of memory that moves between pools, per layer. REQUIRES: a multiple of 2 MiB (the
@@ -87,7 +88,9 @@ struct Options {
   // block chosen for eviction is copied there instead of dropped, and a prefix hit on it brings
   // it back. Pinned host memory on the CUDA backend; ordinary host memory on the CPU backend.
   // Cut into slabs of `slab_bytes` per layer like the device budget. REQUIRES: 0 or at least
-  // slab_bytes * num_layers. Default: 0 (no host tier: evicted blocks are dropped).
+  // slab_bytes * num_layers; with memory_budget_bytes, at most 2^24 pages per layer in the
+  // densest format (its blocks keep their metadata). Default: 0 (no host tier: evicted blocks
+  // are dropped).
   size_t host_tier_bytes = 0;
 
   // The palette index blocks take in the host tier: a block hotter than it is demoted as it is

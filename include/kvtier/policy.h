@@ -95,7 +95,8 @@ KVTIER_EXPORT KeyRotation PresetKeyRotation(absl::string_view name);
 // Parses the JSON form above. InvalidArgument naming the field (e.g. "tiers[1].format").
 KVTIER_EXPORT absl::StatusOr<Policy> ParsePolicyJson(absl::string_view json);
 
-// A preset name, or a path to a JSON file.
+// A preset (PolicyPreset), or the JSON file at `name_or_path` when it holds a '/' or ends in
+// .json (`./mine` for a file named `mine`). NotFound for an unknown preset or a missing file.
 KVTIER_EXPORT absl::StatusOr<Policy> LoadPolicy(absl::string_view name_or_path);
 
 // The JSON form of `policy` (round-trips through ParsePolicyJson).

@@ -1,6 +1,8 @@
-// An optional Prometheus exporter: a prometheus::Collectable that turns a cache's stats snapshot
-// into metric families on each scrape (the names of docs/metrics.md). The library opens no port:
-// the engine registers the collectable with its own prometheus::Registry or Exposer.
+// The optional Prometheus exporter (CMake target kvtier::kvtier_prometheus, built and installed
+// with KVTIER_WITH_PROMETHEUS; needs prometheus-cpp): a prometheus::Collectable that turns a
+// cache's stats snapshot into metric families on each scrape (the names of docs/metrics.md).
+// The library opens no port: the engine registers the collectable with its own
+// prometheus::Registry or Exposer.
 //
 //   auto metrics = std::make_shared<kvtier::CacheCollectable>(cache.get());
 //   exposer.RegisterCollectable(metrics);
