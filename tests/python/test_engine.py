@@ -165,6 +165,10 @@ def test_bad_requests_are_refused_and_others_keep_running(model):
         engine.submit(p, 128 * 16)
     with pytest.raises(RequestError, match=r"token ids must be in \[0, 512\)"):
         engine.submit([512], 5)
+    with pytest.raises(RequestError, match="top_k must be >= 0"):
+        engine.submit(p, 4, temperature=1.0, top_k=-1)
+    with pytest.raises(RequestError, match=r"forced token ids must be in \[0, 512\)"):
+        engine.submit(p, 2, forced=[3, 512])
     with pytest.raises(ValueError, match="the model has 2 layers but the cache has 3"):
         Engine(m, make_cache(model, layers=3))
     with pytest.raises(ValueError, match="the model has 2 layers but the cache has 1"):
@@ -249,6 +253,24 @@ def test_a_request_that_fails_alone_leaves_the_queue_moving(model):
     assert len(engine.results[ids[1]].tokens) == 4 and cache.stats()["sequences"] == 0
 
 
+def test_a_request_that_cannot_decode_alone_fails_and_the_step_goes_on(model):
+    class NoDecodeKV(KvtierKV):  # a cache with no room for a decode token
+        def append(self, hs, counts, tokens):
+            if counts == [1]:
+                raise MemoryError("the budget cannot hold the new blocks")
+            return super().append(hs, counts, tokens)
+
+    m = LlamaCompute(model)
+    cache = make_cache(model)
+    timer = StepTimer()
+    engine = Engine(m, backend=NoDecodeKV(cache, m, timer), timer=timer)
+    rid = engine.submit(prompts(tails=(4,))[0], 4)
+    engine.run()  # one token from the prefill, then the decode step fails it
+    req = engine.results[rid]
+    assert req.done and "does not fit the cache" in req.error and len(req.tokens) == 1
+    assert not engine.running and cache.stats()["sequences"] == 0
+
+
 def test_a_full_cache_preempts_and_resumes(model):
     cache = make_cache(model, budget=4 << 20)
     m = LlamaCompute(model)
@@ -266,12 +288,12 @@ def test_a_full_cache_preempts_and_resumes(model):
 
 def test_capture_kv_for_kvtier_recall(model):
     m = LlamaCompute(model)
-    p = prompts(system_tokens=0, tails=(40,))[0]
+    p = prompts(system_tokens=0, tails=(48,))[0]  # three whole blocks, the last one included
     k, v = capture_kv(Engine(m, make_cache(model)), p)
-    assert k.shape == v.shape == (2, 32, 2, 128) and k.dtype == np.float32
+    assert k.shape == v.shape == (2, 48, 2, 128) and k.dtype == np.float32
     # Layer 0's keys are the RoPE'd projections of the embeddings, as the cache stored them.
-    hidden = m.embed(torch.tensor(p[:32]))
-    _, want_k, _ = m.qkv(0, hidden, m.rope(hidden, torch.arange(32)))
+    hidden = m.embed(torch.tensor(p))
+    _, want_k, _ = m.qkv(0, hidden, m.rope(hidden, torch.arange(48)))
     np.testing.assert_array_equal(k[0], want_k.detach().half().float().numpy())
 
 
@@ -316,6 +338,36 @@ def test_metrics_endpoint_serves_the_engine_and_the_cache(model):
     assert "kvtier_engine_steps_total 1" in lines and "kvtier_engine_tokens_total 2" in lines
     assert "kvtier_engine_cache_sequences 1.0" in lines
     assert 'kvtier_engine_cache_format_blocks_in_use{format="fp16"} 3.0' in lines
+
+
+def test_metrics_render_while_requests_arrive():
+    # Scrapes run on the server's thread while the engine thread submits: rendering must not
+    # iterate the results dict as it grows. Thread switches are forced often.
+    import threading
+    import types
+    from kvtier_engine.metrics import render
+    request = types.SimpleNamespace(tokens=[1, 2], preemptions=0)
+    engine = types.SimpleNamespace(running={}, waiting=[], steps=0, results={},
+                                   kv=types.SimpleNamespace())
+    stop = threading.Event()
+
+    def submit_forever():
+        while not stop.is_set():  # from 0 to 256 requests and back, over and over
+            for i in range(256):
+                engine.results[i] = request
+            engine.results.clear()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    submitter = threading.Thread(target=submit_forever)
+    submitter.start()
+    try:
+        for _ in range(300):
+            assert "kvtier_engine_tokens_total" in render(engine)
+    finally:
+        stop.set()
+        submitter.join()
+        sys.setswitchinterval(interval)
 
 
 class FakeFlashInferDecode:

@@ -31,7 +31,9 @@ def capture_kv(engine, prompt):
     engine.submit(prompt, 1)
     engine.run()
     cache = engine.kv.cache
-    seq, cached = cache.add_sequence(prompt=np.asarray(prompt, np.int32))
+    # One token more than the prompt, so that its last whole block is matched too (a match
+    # leaves a prompt's last token to compute).
+    seq, cached = cache.add_sequence(prompt=np.asarray(list(prompt) + [0], np.int32))
     try:
         ks, vs = zip(*(cache.read_kv(seq, layer) for layer in range(cache.num_layers)))
     finally:

@@ -102,25 +102,32 @@ class Engine:
     def submit(self, prompt, max_new_tokens, temperature=0.0, top_k=0, seed=0, forced=None,
                record_logits=False):
         """Queues a request; returns its id. RequestError (nothing queued) for an empty prompt,
-        max_new_tokens < 1, a negative temperature, forced tokens fewer than max_new_tokens, or a
-        request longer than the budget can ever hold."""
+        max_new_tokens < 1, a negative temperature or top_k, forced tokens fewer than
+        max_new_tokens, token ids (prompt or forced) outside the vocabulary, or a request longer
+        than the budget can ever hold."""
         prompt = [int(t) for t in prompt]
+        vocab = self.model.config.vocab_size
         if not prompt:
             raise RequestError("the prompt has 0 tokens: a request needs at least one")
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
         if temperature < 0:
             raise RequestError(f"temperature must be >= 0, not {temperature}")
-        if forced is not None and len(forced) < max_new_tokens:
-            raise RequestError("forced must hold max_new_tokens tokens")
-        vocab = self.model.config.vocab_size
+        if top_k < 0:
+            raise RequestError(f"top_k must be >= 0 (0: the whole vocabulary), not {top_k}")
+        if forced is not None:
+            forced = [int(t) for t in forced]
+            if len(forced) < max_new_tokens:
+                raise RequestError("forced must hold max_new_tokens tokens")
+            if min(forced) < 0 or max(forced) >= vocab:
+                raise RequestError(f"forced token ids must be in [0, {vocab})")
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
         self.kv.check(len(prompt), max_new_tokens)
         rid = self._next_id
         self._next_id += 1
-        self.results[rid] = Request(prompt, max_new_tokens, temperature, top_k, seed,
-                                    list(forced) if forced is not None else None, record_logits)
+        self.results[rid] = Request(prompt, max_new_tokens, temperature, top_k, seed, forced,
+                                    record_logits)
         self.waiting.append(rid)
         return rid
 
@@ -213,9 +220,12 @@ class Engine:
             try:
                 slots = self.kv.append(handles, [1] * len(rids), feed)
                 break
-            except MemoryError:
-                if len(rids) == 1:
-                    raise
+            except MemoryError as e:
+                if len(rids) == 1:  # alone in the cache and still too large: it fails
+                    req = self.results[rids[0]]
+                    self.kv.release(self.running.pop(rids[0]))
+                    req.error, req.done = f"does not fit the cache: {e}", True
+                    return
                 self._preempt(rids.pop())
         step = self.kv.prepare(handles)
         with self.timer("model"):

@@ -24,7 +24,8 @@ def render(engine):
     lines = ["# TYPE kvtier_engine_requests gauge",
              f'kvtier_engine_requests{{state="running"}} {len(engine.running)}',
              f'kvtier_engine_requests{{state="waiting"}} {len(engine.waiting)}']
-    results = engine.results.values()
+    # A copy made in one call under the GIL: the engine thread may add requests meanwhile.
+    results = list(engine.results.values())
     for name, value in (("steps", engine.steps),
                         ("tokens", sum(len(r.tokens) for r in results)),
                         ("preemptions", sum(r.preemptions for r in results))):
