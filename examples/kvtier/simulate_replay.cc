@@ -101,7 +101,8 @@ class Replayer {
           tokens_.insert(tokens_.end(), a.request.prompt.begin() + a.prefilled,
                          a.request.prompt.begin() + a.prefilled + n);
         } else {
-          tokens_.push_back(workload_.NextToken());
+          tokens_.push_back(workload_.GeneratedToken(
+              a.request, static_cast<int64_t>(a.generated.size())));
         }
       }
       slots_.clear();

@@ -1,6 +1,10 @@
 // The seeded serving workload that `kvtier simulate` replays: multi-turn conversations that
 // share system prompts, arriving as a Poisson process, with log-normal user-turn and output
-// lengths. Token ids are synthetic but consistent, so shared prefixes hash alike.
+// lengths. Token ids are synthetic but consistent, so shared prefixes hash alike. Every draw is
+// keyed (the arrivals of a step, a conversation's turn, a generated token's index), not taken
+// from one stream, so that runs of one seed under different policies replay the same
+// conversations with the same contents; only when a follow-up turn arrives depends on when its
+// reply finished.
 #ifndef KVTIER_EXAMPLES_KVTIER_SIMULATE_WORKLOAD_H_
 #define KVTIER_EXAMPLES_KVTIER_SIMULATE_WORKLOAD_H_
 
@@ -26,6 +30,8 @@ struct WorkloadOptions {
 // One request: a turn of a conversation.
 struct Request {
   int64_t conversation = 0;
+  int turn = 0;                 // 0 for a conversation's first
+
   std::vector<int32_t> prompt;  // system prompt + history + this turn's user tokens
   int64_t output_tokens = 0;
   int64_t arrival_step = 0;
@@ -40,8 +46,8 @@ class Workload {
   // Reports that `request` finished with `generated` output tokens, so its conversation may go
   // on (the reply joins the history).
   void Finished(const Request& request, const std::vector<int32_t>& generated, int64_t step);
-  // A fresh token id for generated output.
-  int32_t NextToken() { return static_cast<int32_t>(rng_() % 100000) + 100000; }
+  // The id of output token `index` of `request`.
+  int32_t GeneratedToken(const Request& request, int64_t index) const;
 
  private:
   struct Conversation {
@@ -53,11 +59,14 @@ class Workload {
     int64_t conversation;
   };
 
-  int64_t LogNormal(double median, int64_t lo, int64_t hi);
+  // The seed's well-mixed value for one key, e.g. {kTurn, conversation, turn}, and a generator
+  // for the draws of that key.
+  uint64_t Key(uint64_t kind, uint64_t a, uint64_t b = 0) const;
+  std::mt19937_64 Stream(uint64_t kind, uint64_t a, uint64_t b = 0) const;
+  static int64_t LogNormal(std::mt19937_64& rng, double median, int64_t lo, int64_t hi);
   Request Turn(int64_t conversation, int64_t step);
 
   WorkloadOptions options_;
-  std::mt19937_64 rng_;
   std::vector<std::vector<int32_t>> system_prompts_;
   std::vector<Conversation> conversations_;
   std::deque<FollowUp> follow_ups_;  // in step order
