@@ -93,6 +93,18 @@ TEST(PreparedDecodeTest, RefusesBadTablesSpansAndCaches) {
   bad = tables;
   bad.seq_lens[1] = 40;  // 3 pages for 2
   EXPECT_TRUE(invalid(PreparedDecode::Create(*cache, bad).status()));
+  bad = tables;  // offsets that decrease: sequence 0's 6 pages would run past the 5 entries
+  bad.seq_lens = {96, 0};
+  bad.packed_indptr = {0, 6, 5};
+  EXPECT_TRUE(invalid(PreparedDecode::Create(*cache, bad).status()));
+  {
+    const std::vector<float> q = RandomFloats(2 * kQHeads * 32, 4);
+    Outputs two(2);
+    EXPECT_TRUE(invalid(DecodeAttention(*cache, 0, bad, {q, kQHeads, 1.f}, two.View())));
+  }
+
+  EXPECT_TRUE(invalid(PreparedDecode::Create(*cache, tables, {}, -1).status()));
+  EXPECT_TRUE(invalid(PreparedDecode::Create(*cache, tables, {}, INT32_MAX).status()));
 
   absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(*cache, tables);
   ASSERT_TRUE(step.ok()) << step.status();

@@ -192,18 +192,19 @@ TEST(ReferenceAttentionTest, NanOrInfiniteLogitsGiveNan) {
   }
   EXPECT_TRUE(std::isfinite(r.lse[3]));  // head 3 is untouched
 
-  // Merging: a NaN or +inf LSE in either part makes the row NaN; -inf stays empty.
-  const std::vector<float> a = RandomFloats(4 * dim, 64), b = RandomFloats(4 * dim, 65);
-  const std::vector<float> sa = {NAN, 1.f, INFINITY, -INFINITY};
-  const std::vector<float> sb = {2.f, NAN, 0.5f, -INFINITY};
-  std::vector<float> out(4 * dim), lse(4);
-  ASSERT_TRUE(MergeStates(a, sa, b, sb, 4, dim, absl::MakeSpan(out), absl::MakeSpan(lse)).ok());
-  for (int row = 0; row < 3; ++row) {
+  // Merging: a NaN or +inf LSE in either part makes the row NaN, beside an empty part too;
+  // -inf in both stays empty.
+  const std::vector<float> a = RandomFloats(6 * dim, 64), b = RandomFloats(6 * dim, 65);
+  const std::vector<float> sa = {NAN, 1.f, INFINITY, -INFINITY, NAN, -INFINITY};
+  const std::vector<float> sb = {2.f, NAN, 0.5f, NAN, -INFINITY, -INFINITY};
+  std::vector<float> out(6 * dim), lse(6);
+  ASSERT_TRUE(MergeStates(a, sa, b, sb, 6, dim, absl::MakeSpan(out), absl::MakeSpan(lse)).ok());
+  for (int row = 0; row < 5; ++row) {
     EXPECT_TRUE(std::isnan(lse[row])) << row;
     for (int d = 0; d < dim; ++d) EXPECT_TRUE(std::isnan(out[row * dim + d])) << row;
   }
-  EXPECT_EQ(lse[3], -INFINITY);
-  EXPECT_EQ(std::vector<float>(out.begin() + 3 * dim, out.end()), std::vector<float>(dim, 0.f));
+  EXPECT_EQ(lse[5], -INFINITY);
+  EXPECT_EQ(std::vector<float>(out.begin() + 5 * dim, out.end()), std::vector<float>(dim, 0.f));
 }
 
 TEST(ReferenceAttentionTest, QueryHeadsMapToTheirKvHeadGroup) {

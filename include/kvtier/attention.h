@@ -69,10 +69,16 @@ struct DecodeOutputs {
 // step), using tables.packed_indptr / packed / seq_lens. CPU backend: the reference on host
 // spans (`launch` is ignored). CUDA backend: the fused kernel (and, for outputs.logits, the
 // logits kernel); `tables` are copied to the device by the call (so they may be freed when it
-// returns) and the work runs on launch.stream.
+// returns) and the work runs on launch.stream. REQUIRES (CUDA): launch.stream is ordered after
+// the cache's own device work (WriteKV, Append's tail copies, EndStep's moves), which runs on a
+// stream ordered with the legacy default stream: so the default stream is; another stream is
+// not, unless its K/V is written on it (PreparedAppend) or the engine orders it (an event after
+// the cache's calls, or a device synchronisation). Not checked.
 // InvalidArgument for inconsistent shapes: spans of the wrong size, num_q_heads not a multiple
 // of num_kv_heads, a sequence whose page count does not match its length, a packed entry naming
-// a format outside the palette or a page outside its pool; also, on CUDA, for a head_dim other
+// a format outside the palette or a page outside its pool's reserved pages (a page of a slab the
+// pool has not mapped is not detected, and faults: REQUIRES tables that BuildPageTables made in
+// this step, pages that hold blocks now); also, on CUDA, for a head_dim other
 // than 128, pages of other than 16 tokens, GQA groups over 16, or BF16 pages, which the fused
 // kernel does not read, and for page weights whose scratch, the tables' packed entries (their
 // capacity, for a PreparedDecode) times num_q_heads (each GQA group rounded up to even), would
@@ -108,8 +114,8 @@ class KVTIER_EXPORT PreparedDecode {
   // pages) is chosen from these tables, so the results of a step depend on max_pages and on
   // its first tables (bits, not accuracy).
   // InvalidArgument when the tables are inconsistent (as DecodeAttention says) or name a format
-  // outside the palette, or max_pages < 0; Unavailable on CUDA in builds without CUDA; Internal
-  // for a CUDA error.
+  // outside the palette, or max_pages outside [0, ceil(2^31 / block_tokens)] (the pages an int32
+  // length can take); Unavailable on CUDA in builds without CUDA; Internal for a CUDA error.
   static absl::StatusOr<PreparedDecode> Create(const Cache& cache, const PageTables& tables,
                                                const DeviceLaunch& launch = {},
                                                int32_t max_pages = 0);

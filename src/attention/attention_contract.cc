@@ -48,6 +48,14 @@ absl::StatusOr<TableExtent> CheckPageTables(const PageTables& tables, int32_t bl
     return absl::InvalidArgumentError(
         absl::StrCat("an empty palette or block_tokens ", block_tokens, " < 1"));
   }
+  // Non-decreasing offsets from 0 to packed.size(): every sequence's entries lie in `packed`.
+  for (int64_t b = 0; b < batch; ++b) {
+    if (tables.packed_indptr[b + 1] < tables.packed_indptr[b]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "packed_indptr decreases at sequence ", b, ": ", tables.packed_indptr[b], " then ",
+          tables.packed_indptr[b + 1]));
+    }
+  }
   TableExtent extent;
   extent.batch = batch;
   extent.entries = static_cast<int64_t>(tables.packed.size());

@@ -1,6 +1,7 @@
 #include "kvtier/attention.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <utility>
 
@@ -55,7 +56,13 @@ absl::StatusOr<PreparedDecode> PreparedDecode::Create(const Cache& cache, const 
   rep->cache = &cache;
   KVTIER_ASSIGN_OR_RETURN(rep->extent, CheckPageTables(tables, options.geometry.block_tokens,
                                                        options.palette.size()));
-  if (max_pages < 0) return absl::InvalidArgumentError("max_pages < 0");
+  // The most pages a sequence of an int32 length can take.
+  const int64_t most = (int64_t{INT32_MAX} + options.geometry.block_tokens - 1) /
+                       options.geometry.block_tokens;
+  if (max_pages < 0 || max_pages > most) {
+    return absl::InvalidArgumentError(absl::StrCat("max_pages ", max_pages, " is outside [0, ",
+                                                   most, "], the pages an int32 length can take"));
+  }
   // Every later step's split is planned for this many pages, so that a captured launch replays.
   rep->extent.max_pages = std::max(rep->extent.max_pages, max_pages);
   if (options.backend == BackendKind::kCpu) {

@@ -28,7 +28,8 @@ absl::Status MergeStates(absl::Span<const float> out_a, absl::Span<const float> 
   const size_t n = static_cast<size_t>(rows);
   for (size_t r = 0; r < n; ++r) {
     const double sa = lse_a[r], sb = lse_b[r];
-    const double m = std::max(sa, sb);
+    // NaN in either part, whatever the other (std::max(-inf, NaN) is -inf).
+    const double m = std::isnan(sa) || std::isnan(sb) ? NAN : std::max(sa, sb);
     if (m == kNegInf || std::isnan(m)) {
       for (int d = 0; d < head_dim; ++d) out[r * head_dim + d] = std::isnan(m) ? NAN : 0.f;
       lse[r] = static_cast<float>(m);
