@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -344,6 +345,20 @@ TEST(RecallSweepTest, ResultsDoNotDependOnTheThreadCount) {
   }
 }
 
+// Each arm's compute error is its own: on one thread the arms share a result buffer, and the FP16
+// arm (both sides the reference) must not report the rotated arm's un-rotation rounding.
+TEST(RecallSweepTest, EachArmReportsItsOwnComputeError) {
+  SweepOptions o = SmallSweep();
+  o.contexts = {300};
+  o.threads = 1;
+  o.arms = {SingleFormatArm(*ParseFormat("fp16")),
+            RotatedArm(SingleFormatArm(*ParseFormat("nvfp4/block_head")))};
+  const absl::StatusOr<SweepResult> r = RunSweep(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->arms[0].max_compute_rel_error, 0.0);
+  EXPECT_GT(r->arms[1].max_compute_rel_error, 0.0);
+}
+
 // Where no CUDA backend is usable (a build without CUDA, or no device), a sweep on it is
 // refused before any work, saying why.
 TEST(RecallSweepTest, CudaBackendIsRefusedWhereUnavailable) {
@@ -439,6 +454,10 @@ TEST(RecallKneeTest, NoKneeBelowRangeAndFlipCriterion) {
   EXPECT_TRUE(Degraded(grid[1], c));
   const KneeResult flips = FindKnee(grid, c, 0, 16, nullptr);
   EXPECT_EQ(*flips.knee, 2048);
+  // A drop of exactly 1 point, or exactly 1% of flips, is not "more than" the bound.
+  EXPECT_FALSE(Degraded({1024, 99 / 100.0, 1.0, 0}, c));
+  EXPECT_FALSE(Degraded({1024, 98 / 100.0, 99 / 100.0, 1 / 100.0}, c));
+  EXPECT_TRUE(Degraded({1024, 97 / 100.0, 99 / 100.0, 0}, c));
 }
 
 // ---- .npy ----
@@ -580,6 +599,13 @@ TEST(RecallCommandTest, BackendFlag) {
                        "--head-dim", "32", "--kv-heads", "2", "--arm", "fp16", "--no-progress"}),
               1);
   }
+}
+
+// Each standard arm's heatmap has a file of its own ("policy:balanced_rot" and
+// "policy:balanced+rot" are both standard arms).
+TEST(RecallCommandTest, StandardArmsHaveDistinctPlotNames) {
+  std::set<std::string> slugs;
+  for (const Arm& arm : StandardArms()) EXPECT_TRUE(slugs.insert(Slug(arm.name)).second) << arm.name;
 }
 
 TEST(RecallCommandTest, WritesJsonAndPlots) {

@@ -31,6 +31,7 @@ expect 2 "--remote-timeout-ms needs --remote" simulate --remote-timeout-ms 5
 expect 2 "--linger needs --metrics-port" simulate --linger 5
 expect 2 "cannot write /nonexistent/r.json" recall --json /nonexistent/r.json
 expect 2 "cannot write /proc/kvtier-plots" recall --plots /proc/kvtier-plots
+expect 2 "the smallest context must hold" recall --contexts 64 --plots refused-plots
 expect 0 "usage: kvtier demo" demo --help
 expect 2 "unknown option '--json'" formats --json x
 [ -z "$(ls -A)" ] || fail "refused calls wrote: $(ls -A)"

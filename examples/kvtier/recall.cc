@@ -92,11 +92,6 @@ int RunRecall(int argc, char** argv) {
       return RecallBadFlag(std::string(s.message()));
     }
   }
-  if (!f.plots_dir.empty()) {
-    if (absl::Status s = MakeOutputDir(f.plots_dir); !s.ok()) {
-      return RecallBadFlag(std::string(s.message()));
-    }
-  }
   KVDump dump;
   NpyArray queries;
   if (!f.k_npy.empty()) {
@@ -110,6 +105,12 @@ int RunRecall(int argc, char** argv) {
   if (o.depths.empty() || o.contexts.front() < specials) {
     return RecallBadFlag("the smallest context must hold every needle, sink and distractor (>= " +
                          std::to_string(specials) + " tokens)");
+  }
+  // Made last, so that a refused command leaves no directory behind.
+  if (!f.plots_dir.empty()) {
+    if (absl::Status s = MakeOutputDir(f.plots_dir); !s.ok()) {
+      return RecallBadFlag(std::string(s.message()));
+    }
   }
   return SweepAndReport(f, info);
 }

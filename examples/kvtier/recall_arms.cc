@@ -225,6 +225,7 @@ absl::Status ArmRunner::CheckPlacement(int64_t length, SequenceId seq,
 }
 
 absl::Status ArmRunner::Run(const Trial& trial, bool measure_compute_error, Result* result) {
+  result->compute_rel_error = -1;  // a result reused from another arm keeps none of its error
   const Geometry& g = cache_->options().geometry;
   if (trial.kv_heads != g.num_kv_heads || trial.head_dim != g.head_dim) {
     return absl::InvalidArgumentError("trial geometry differs from the arm's cache");

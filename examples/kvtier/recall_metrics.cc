@@ -99,7 +99,11 @@ void CellStats::Merge(const CellStats& o) {
 }
 
 bool Degraded(const KneePoint& p, const KneeCriterion& c) {
-  return p.baseline_recall - p.recall > c.max_recall_drop || p.flip_rate > c.max_flip_rate;
+  // Rates are ratios of counts: a drop of exactly the bound (1.0 - 0.99 is 0.01000000000000000888
+  // in double) is within it.
+  constexpr double kRounding = 1e-12;
+  return p.baseline_recall - p.recall > c.max_recall_drop + kRounding ||
+         p.flip_rate > c.max_flip_rate + kRounding;
 }
 
 KneeSearch::KneeSearch(const std::vector<KneePoint>& grid, const KneeCriterion& criterion,

@@ -1,5 +1,6 @@
 #include "examples/kvtier/recall_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -84,7 +85,10 @@ void PrintMarkdown(const SweepOptions& o, const SweepResult& r, const RunInfo& i
                "points below the %s, or the flip rate exceeds %.1f%%. Metrics at %s tokens, pooled "
                "over depths, with 95%% intervals.\n\n",
                100 * o.criterion.max_recall_drop,
-               r.arms.empty() || r.arms[0].name != "fp16" ? "FP32 reference" : "FP16 arm",
+               std::none_of(r.arms.begin(), r.arms.end(),
+                            [](const ArmSweep& a) { return a.name == "fp16"; })
+                   ? "FP32 reference"
+                   : "FP16 arm",  // as RunSweep chooses the baseline: "fp16" wherever it is
                100 * o.criterion.max_flip_rate, at.c_str());
   std::fprintf(out, "| arm | bits/elem | knee (tokens) | top-1 recall %% | flip rate %% | top-%d %% | "
                "needle mass ratio | KL (nats) | output rel. error |\n", o.top_k);

@@ -103,8 +103,10 @@ Svg LineChart(const SweepOptions& o, const SweepResult& r, const std::string& ti
   if (recall) series(r.reference, "FP32 reference", "#000", "5,3");
   for (size_t a = 0; a < r.arms.size(); ++a) {
     const ArmSweep& arm = r.arms[a];
+    // Past the 16 colours, each comes again dashed, so that no two arms' lines look alike.
+    constexpr size_t kNumColors = sizeof(kColors) / sizeof(kColors[0]);
     series(arm.cells, arm.name + "  (knee " + KneeLabel(arm, o.contexts.back()) + ")",
-           kColors[a % (sizeof(kColors) / sizeof(kColors[0]))], "");
+           kColors[a % kNumColors], a / kNumColors % 2 == 0 ? "" : "6,3");
   }
   if (!recall) {
     const double t = o.criterion.max_flip_rate;
@@ -220,7 +222,8 @@ absl::Status Svg::Save(const std::string& path) const {
 std::string Slug(const std::string& name) {
   std::string out;
   for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '+';  // '+': "x+rot" and "x_rot" are different arms
     out += ok ? c : '_';
   }
   return out;

@@ -34,7 +34,8 @@ class Svg {
   std::string body_;
 };
 
-// A file-name-safe form of an arm name ("k:nvfp4_channel/block_head,v:..." -> "k_nvfp4_...").
+// A file-name-safe form of an arm name ("k:nvfp4_channel/block_head,v:..." -> "k_nvfp4_...";
+// '+' is kept), distinct for the standard arms.
 std::string Slug(const std::string& name);
 
 // Writes recall_vs_context.svg, flip_rate_vs_context.svg and heatmap_<slug>.svg per arm into

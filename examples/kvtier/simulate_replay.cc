@@ -1,5 +1,7 @@
 #include "examples/kvtier/simulate_replay.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,12 +20,14 @@ struct Active {
   std::vector<int32_t> generated;
 };
 
+// One progress line: redrawn in place on a terminal; in a log (no terminal), a line each time.
 void Progress(const ReplayOptions& o, const std::string& label, int64_t step, const Sample& s) {
   if (!o.progress) return;
-  std::fprintf(stderr, "\r[%-12s] step %5lld/%lld  running %4lld  waiting %4lld  %5.2f bits/elem",
-               label.c_str(), static_cast<long long>(step), static_cast<long long>(o.steps),
-               static_cast<long long>(s.running), static_cast<long long>(s.waiting), s.bits);
-  if (step == o.steps) std::fprintf(stderr, "\n");
+  static const bool tty = isatty(2);
+  std::fprintf(stderr, "%s[%-12s] step %5lld/%lld  running %4lld  waiting %4lld  %5.2f bits/elem%s",
+               tty ? "\r" : "", label.c_str(), static_cast<long long>(step),
+               static_cast<long long>(o.steps), static_cast<long long>(s.running),
+               static_cast<long long>(s.waiting), s.bits, !tty || step == o.steps ? "\n" : "");
 }
 
 // The scheduler of one run: the waiting and running requests, stepped through the cache.
