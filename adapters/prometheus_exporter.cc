@@ -145,7 +145,9 @@ std::vector<MetricFamily> MetricFamilies(const Options& options, const CacheStat
   b.Gauge("kvtier_under_pressure", "1 while the policy's windows are shrunk by memory pressure.", s.under_pressure ? 1 : 0);
   MetricFamily& slabs = b.Family("kvtier_slabs", "Slabs of the budget (per layer) by state.", MetricType::Gauge);
   Builder::Add(slabs, {{"state", "free"}}, static_cast<double>(s.slabs_free));
-  Builder::Add(slabs, {{"state", "mapped"}}, static_cast<double>(s.slabs_total - s.slabs_free));
+  Builder::Add(slabs, {{"state", "mapped"}},
+               static_cast<double>(s.slabs_total - s.slabs_free - s.slabs_lost));
+  Builder::Add(slabs, {{"state", "lost"}}, static_cast<double>(s.slabs_lost));
   b.Counter("kvtier_prefix_queried_tokens_total", "Prompt tokens looked up in the prefix cache.", static_cast<double>(s.prefix_queried_tokens));
   b.Counter("kvtier_prefix_hit_tokens_total", "Prompt tokens found in the prefix cache.", static_cast<double>(s.prefix_hit_tokens));
   b.Counter("kvtier_prefix_hit_blocks_total", "Whole prompt blocks found in the prefix cache.", static_cast<double>(s.prefix_hit_blocks));

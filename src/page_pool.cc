@@ -53,12 +53,12 @@ void PagePool::AddSlot(uint32_t slot) {
   free_pages_ += PagesInSlot(slot);
 }
 
-void PagePool::RemoveSlot(uint32_t slot) {
+void PagePool::RemoveSlot(uint32_t slot, bool reusable) {
   PopEmpty(slot);
   Slot& s = slots_[slot];
   s.mapped = false;
   s.free_head = kNone;
-  unmapped_.push_back(slot);
+  if (reusable) unmapped_.push_back(slot);
   mapped_slots_ -= 1;
   mapped_pages_ -= PagesInSlot(slot);
   free_pages_ -= PagesInSlot(slot);

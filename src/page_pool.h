@@ -53,10 +53,14 @@ class PagePool {
   uint32_t UnmappedSlot() const;
   // Marks `slot` mapped with all its pages free. REQUIRES: slot == UnmappedSlot() != kNone.
   void AddSlot(uint32_t slot);
+  // Takes UnmappedSlot() out of use for good (its memory could not be unmapped after a failed
+  // map). REQUIRES: UnmappedSlot() != kNone.
+  void DropUnmappedSlot() { unmapped_.pop_back(); }
   // A mapped slot with no used page, or kNone.
   uint32_t EmptySlot() const { return empty_.empty() ? kNone : empty_.back(); }
-  // Marks an empty slot unmapped. REQUIRES: `slot` is mapped and empty.
-  void RemoveSlot(uint32_t slot);
+  // Marks an empty slot unmapped. AddSlot maps it again unless `reusable` is false (its memory
+  // could not be unmapped: it stays out of use). REQUIRES: `slot` is mapped and empty.
+  void RemoveSlot(uint32_t slot, bool reusable = true);
 
   // A free page of the fullest slab that has one, now owned by `owner`.
   // REQUIRES: free_pages() > 0.

@@ -120,7 +120,13 @@ absl::Status PageStore::MapSlot(int format) {
   for (int l = 0; l < options_.geometry.num_layers; ++l) {
     absl::Status s = MapMemory(SlotAddress(format, l, slot));
     if (!s.ok()) {
-      while (l-- > 0) UnmapMemory(SlotAddress(format, l, slot)).IgnoreError();
+      bool unmapped = true;
+      while (l-- > 0) unmapped &= UnmapMemory(SlotAddress(format, l, slot)).ok();
+      if (!unmapped) {  // mapping over it would fail: withheld, as in UnmapSlot
+        pool.DropUnmappedSlot();
+        free_slabs_ -= 1;
+        lost_slabs_ += 1;
+      }
       return s;
     }
   }
@@ -141,13 +147,23 @@ absl::Status PageStore::UnmapMemory(uint8_t* addr) {
 }
 
 absl::Status PageStore::UnmapSlot(int format, uint32_t slot) {
-  pools_[format].RemoveSlot(slot);
-  free_slabs_ += 1;
   absl::Status status;
   for (int l = 0; l < options_.geometry.num_layers; ++l) {
     status.Update(UnmapMemory(SlotAddress(format, l, slot)));
   }
-  return status;
+  // A slab some layer of which may still be mapped is never mapped again (the CUDA backend
+  // refuses to map over mapped memory, which would refuse this pool every later slab) and stays
+  // charged to the budget.
+  pools_[format].RemoveSlot(slot, /*reusable=*/status.ok());
+  if (status.ok()) {
+    free_slabs_ += 1;
+    return status;
+  }
+  lost_slabs_ += 1;
+  return absl::Status(status.code(),
+                      absl::StrCat(status.message(), "; slab ", slot, " of ",
+                                   FormatName(options_.palette[format]),
+                                   " is withheld from the budget (", lost_slabs_, " so far)"));
 }
 
 uint32_t PageStore::AvailableSlabs(int format, bool after_reclaim) const {
@@ -288,6 +304,7 @@ void PageStore::Fill(CacheStats* s) const {
   s->slab_bytes = static_cast<int64_t>(options_.slab_bytes);
   s->slabs_total = num_slabs_;
   s->slabs_free = free_slabs_;
+  s->slabs_lost = lost_slabs_;
   s->slab_moves = slab_moves_;
   s->pages_pending_reclaim = static_cast<int64_t>(reclaim_.size());
   s->formats.resize(num_formats());
@@ -314,7 +331,7 @@ absl::Status PageStore::CheckConsistency(absl::Span<const uint32_t> owned) const
           absl::StrCat("consistency: page ", e.page, " awaits reclamation but is owned"));
     }
   }
-  uint32_t slabs = free_slabs_;
+  uint32_t slabs = free_slabs_ + lost_slabs_;
   for (int f = 0; f < num_formats(); ++f) {
     const PagePool& pool = pools_[f];
     KVTIER_RETURN_IF_ERROR(pool.CheckConsistency());
@@ -328,7 +345,8 @@ absl::Status PageStore::CheckConsistency(absl::Span<const uint32_t> owned) const
   }
   if (slabs != num_slabs_) {
     return absl::InternalError(
-        absl::StrCat("consistency: slabs: ", slabs, " accounted of ", num_slabs_));
+        absl::StrCat("consistency: slabs: ", slabs, " accounted of ", num_slabs_,
+                     " (free, lost and mapped)"));
   }
   return absl::OkStatus();
 }

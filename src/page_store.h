@@ -46,6 +46,8 @@ class PageStore {
   int num_formats() const { return static_cast<int>(layouts_.size()); }
   uint32_t num_slabs() const { return num_slabs_; }  // per layer
   uint32_t free_slabs() const { return free_slabs_; }
+  // Slabs withheld from the budget because unmapping them failed: never mapped again.
+  uint32_t lost_slabs() const { return lost_slabs_; }
   const PageLayout& layout(int format) const { return layouts_[format]; }
   const PagePool& pool(int format) const { return pools_[format]; }
   // The most pages that could ever be live at once (all slabs in the densest format).
@@ -122,6 +124,7 @@ class PageStore {
   std::vector<float> k_scales_;            // [format * layers + layer]
   std::vector<float> v_scales_;
   uint32_t free_slabs_;
+  uint32_t lost_slabs_ = 0;
   int64_t slab_moves_ = 0;  // slabs mapped into a pool
   ReclaimQueue reclaim_;
 };

@@ -1,6 +1,7 @@
 // A Backend for tests that forwards to the CPU backend and fails on demand: slab mapping,
 // the data plane, fences that never pass. The test keeps a pointer to the shared Faults and
-// changes them between calls.
+// changes them between calls. Like the CUDA backend, it refuses to map a slab that is still
+// mapped (a failed Unmap leaves it so).
 //
 // Thread-compatible, like every Backend (the cache calls it under its mutex).
 #ifndef KVTIER_TESTS_FAULT_BACKEND_H_
@@ -8,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -20,6 +22,8 @@ struct Faults {
   // Map calls that still succeed; every later one fails. -1: none fails.
   int64_t maps_before_failure = -1;
   bool fail_unmap = false;
+  // Unmap calls that still succeed; every later one fails. -1: none fails.
+  int64_t unmaps_before_failure = -1;
   bool fail_write_rows = false;
   bool fail_read_page = false;
   bool fail_requantize = false;
@@ -50,10 +54,17 @@ class FaultBackend final : public Backend {
       return Injected("Map", absl::StatusCode::kResourceExhausted);
     }
     if (faults_->maps_before_failure > 0) faults_->maps_before_failure -= 1;
-    return cpu_->Map(addr, bytes);
+    if (mapped_.count(addr) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("slab at ", reinterpret_cast<uintptr_t>(addr), " is mapped already"));
+    }
+    absl::Status s = cpu_->Map(addr, bytes);
+    if (s.ok()) mapped_.insert(addr);
+    return s;
   }
   absl::Status Unmap(uint8_t* addr, size_t bytes) override {
-    if (faults_->fail_unmap) return Injected("Unmap");
+    if (faults_->fail_unmap || faults_->unmaps_before_failure == 0) return Injected("Unmap");
+    if (faults_->unmaps_before_failure > 0) faults_->unmaps_before_failure -= 1;
+    mapped_.erase(addr);
     return cpu_->Unmap(addr, bytes);
   }
   absl::Status WriteRows(const PoolView& pool, absl::Span<const int64_t> slots, const KVInput& kv,
@@ -111,6 +122,7 @@ class FaultBackend final : public Backend {
   const std::unique_ptr<Backend> cpu_;
   const std::shared_ptr<Faults> faults_;
   uint64_t fences_ = 0;
+  std::set<uint8_t*> mapped_;  // device slabs mapped now
 };
 
 }  // namespace kvtier::testing

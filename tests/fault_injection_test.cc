@@ -2,6 +2,7 @@
 // mid-demotion, mid-append and after a fork, the data plane, fences that never pass. Each
 // answers a clear Status, loses no K/V already written, and leaves CheckConsistency passing.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -298,11 +299,31 @@ TEST_F(FaultInjectionTest, FenceRecordingAndUnmapFail) {
   faults_->fail_record_fence = false;
   ASSERT_TRUE(cache_->Release(seq).ok());
   faults_->fail_unmap = true;
-  EXPECT_EQ(cache_->EndStep().code(), absl::StatusCode::kInternal);  // slabs back to the budget
+  const absl::Status unmap = cache_->EndStep();  // one of the two slabs goes back (one stays)
+  EXPECT_EQ(unmap.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(unmap.message().find("withheld from the budget"), std::string::npos) << unmap;
+  EXPECT_EQ(cache_->GetStats().slabs_lost, 1);  // still mapped: it is never mapped again
   ExpectHealthy();
   faults_->fail_unmap = false;
   const SequenceId again = Written(16 * 300, 7);
-  EXPECT_EQ(Read(again), data);  // remapped slabs serve again
+  EXPECT_EQ(Read(again), data);  // the other slabs serve
+  ExpectHealthy();
+}
+
+TEST_F(FaultInjectionTest, SlabWhoseFailedMapCannotBeUndoneIsWithheld) {
+  Create(SmallOptions(4));
+  faults_->maps_before_failure = 1;    // a slab's layer 0 maps, its layer 1 fails,
+  faults_->unmaps_before_failure = 0;  // and layer 0 cannot be unmapped again
+  const SequenceId seq = *cache_->AddSequence();
+  std::vector<int64_t> slots;
+  EXPECT_FALSE(cache_->Append(seq, 16, &slots).ok());
+  EXPECT_EQ(cache_->GetStats().slabs_lost, 1);
+  EXPECT_EQ(cache_->GetStats().slabs_free, 3);
+  ExpectHealthy();
+  faults_->maps_before_failure = -1;
+  faults_->unmaps_before_failure = -1;
+  const SequenceId other = Written(16 * 300, 3);  // two of the three slabs left
+  EXPECT_EQ(*cache_->SequenceLength(other), 16 * 300);
   ExpectHealthy();
 }
 

@@ -64,6 +64,20 @@ TEST(PagePoolTest, AllocatesFromTheFullestSlab) {
   EXPECT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
 }
 
+TEST(PagePoolTest, ASlotRemovedForGoodIsNeverMappedAgain) {
+  PagePool pool(kSlab / 4, kSlab, 3);
+  const uint32_t first = pool.UnmappedSlot();
+  pool.AddSlot(first);
+  pool.RemoveSlot(first, /*reusable=*/false);
+  EXPECT_NE(pool.UnmappedSlot(), first);
+  pool.DropUnmappedSlot();  // the second, as if its failed map could not be undone
+  const uint32_t last = pool.UnmappedSlot();
+  pool.AddSlot(last);
+  EXPECT_EQ(pool.UnmappedSlot(), PagePool::kNone);  // one of three slots left to use
+  EXPECT_EQ(pool.mapped_slots(), 1u);
+  EXPECT_TRUE(pool.CheckConsistency().ok()) << pool.CheckConsistency();
+}
+
 TEST(PagePoolTest, FindsTheEmptiestSlabAndAllocatesOutsideIt) {
   PagePool pool(kSlab / 4, kSlab, 4);  // 4 pages per slab
   for (int s = 0; s < 3; ++s) pool.AddSlot(pool.UnmappedSlot());

@@ -47,6 +47,7 @@ py::dict StatsDict(const CacheStats& s) {
   d["slab_bytes"] = s.slab_bytes;
   d["slabs_total"] = s.slabs_total;
   d["slabs_free"] = s.slabs_free;
+  d["slabs_lost"] = s.slabs_lost;
   d["used_bytes"] = s.used_bytes;
   d["cached_bytes"] = s.cached_bytes;
   d["usage_ratio"] = s.usage_ratio;

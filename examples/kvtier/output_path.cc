@@ -2,7 +2,11 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +44,27 @@ absl::Status MakeOutputDir(const std::string& dir) {
   if (e) return Refused(dir, e.message());
   if (!std::filesystem::is_directory(dir, e)) return Refused(dir, "not a folder");
   if (access(dir.c_str(), W_OK) != 0) return Refused(dir, "the folder is not writable");
+  return absl::OkStatus();
+}
+
+absl::Status WriteOutputFile(const std::string& path, std::string_view text) {
+  namespace fs = std::filesystem;
+  std::error_code e;
+  const fs::file_status file = fs::status(path, e);
+  const bool in_place = fs::exists(file) && !fs::is_regular_file(file);
+  const std::string written = in_place ? path : absl::StrCat(path, ".", getpid(), ".tmp");
+  std::ofstream f(written, std::ios::binary);
+  f.write(text.data(), static_cast<std::streamsize>(text.size()));
+  f.close();  // the bytes reach the file here: a full disk fails now
+  if (!f) {
+    if (!in_place) std::remove(written.c_str());
+    return Refused(path, in_place ? "the write failed" : "the write failed (the file is as it was)");
+  }
+  if (!in_place && std::rename(written.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(written.c_str());
+    return Refused(path, why);
+  }
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 #define KVTIER_EXAMPLES_KVTIER_OUTPUT_PATH_H_
 
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 
@@ -17,6 +18,12 @@ absl::Status CheckOutputFile(const std::string& path);
 // Creates folder `dir` and its missing parents (nothing when it exists); InvalidArgument naming
 // it and the reason when it cannot be made or written to.
 absl::Status MakeOutputDir(const std::string& dir);
+
+// Writes `text` to `path` whole. A regular file (or a new one) is written beside it and renamed
+// over it, so that a failed write (a full disk) leaves what was there before; anything else
+// (/dev/stdout, a pipe) is written in place. InvalidArgument naming the path and the reason when
+// it cannot be written, with no partial file left.
+absl::Status WriteOutputFile(const std::string& path, std::string_view text);
 
 // `text` as a JSON string literal, quotes included, for any bytes (control characters,
 // quotes and backslashes escaped; other bytes as they are).

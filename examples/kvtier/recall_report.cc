@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "examples/kvtier/output_path.h"
@@ -134,8 +134,7 @@ void PrintMarkdown(const SweepOptions& o, const SweepResult& r, const RunInfo& i
 
 absl::Status WriteJson(const SweepOptions& o, const SweepResult& r, const RunInfo& info,
                        const std::string& path) {
-  std::ofstream f(path);
-  if (!f) return absl::InvalidArgumentError(absl::StrCat("cannot write ", path));
+  std::ostringstream f;
   const GeneratorOptions& g = o.generator;
   std::string contexts, depths;
   for (int64_t c : o.contexts) absl::StrAppend(&contexts, contexts.empty() ? "" : ", ", c);
@@ -183,9 +182,7 @@ absl::Status WriteJson(const SweepOptions& o, const SweepResult& r, const RunInf
     f << "]}";
   }
   f << "\n  ]\n}\n";
-  f.close();
-  if (!f) return absl::InternalError(absl::StrCat("writing ", path, " failed"));
-  return absl::OkStatus();
+  return WriteOutputFile(path, f.str());
 }
 
 }  // namespace kvtier::tool

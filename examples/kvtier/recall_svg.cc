@@ -6,9 +6,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "examples/kvtier/output_path.h"
 #include "examples/kvtier/recall_report.h"
 
 namespace kvtier::tool {
@@ -212,11 +212,7 @@ std::string Svg::str() const {
 }
 
 absl::Status Svg::Save(const std::string& path) const {
-  std::ofstream f(path);
-  f << str();
-  f.close();
-  if (!f) return absl::InvalidArgumentError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
+  return WriteOutputFile(path, str());
 }
 
 std::string Slug(const std::string& name) {

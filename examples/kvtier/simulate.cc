@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <random>
@@ -422,11 +421,8 @@ int WriteFiles(const SimOptions& o, const RunResult& run, const RunResult& fp16,
     std::printf("plot: %s\n", o.plot_path.c_str());
   }
   if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path);
-    out << Json(run, fp16, gain, o);
-    out.close();  // the bytes reach the file here: a full disk fails now
-    if (!out) {
-      std::fprintf(stderr, "kvtier simulate: cannot write %s\n", o.json_path.c_str());
+    if (absl::Status j = WriteOutputFile(o.json_path, Json(run, fp16, gain, o)); !j.ok()) {
+      std::fprintf(stderr, "kvtier simulate: %s\n", j.ToString().c_str());
       return 1;
     }
     std::printf("json: %s\n", o.json_path.c_str());

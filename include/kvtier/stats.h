@@ -96,6 +96,7 @@ struct CacheStats {
   int64_t slab_bytes = 0;             // per layer
   int64_t slabs_total = 0;            // per layer
   int64_t slabs_free = 0;             // not mapped into any pool
+  int64_t slabs_lost = 0;             // withheld after unmapping them failed (never reused)
   int64_t used_bytes = 0;             // bytes of pages of in-use blocks, all formats and layers
   int64_t cached_bytes = 0;           // bytes of pages of cached (evictable) blocks
   double usage_ratio = 0;             // used_bytes / budget_bytes (cached blocks count as free,
