@@ -35,7 +35,7 @@ BlockPool::BlockPool(PageStore* pages, std::unique_ptr<PageStore> host, Backend*
   }
 }
 
-uint64_t BlockPool::RoomAfterEvictingAll(int format) const {
+std::vector<BlockPool::Freeable> BlockPool::FreeableAfterEvictingAll() const {
   // Leaf-first eviction never reaches a cached block above an indexed block in use.
   std::vector<bool> pinned(blocks_.capacity(), false);
   for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
@@ -50,8 +50,7 @@ uint64_t BlockPool::RoomAfterEvictingAll(int format) const {
     return owner == PagePool::kNone || owner == PagePool::kPending ||
            (blocks_[owner].state == BlockState::kCached && !pinned[owner]);
   };
-  uint64_t room = 0;
-  uint64_t slabs = pages_->free_slabs();
+  std::vector<Freeable> out(pages_->num_formats());
   for (int g = 0; g < pages_->num_formats(); ++g) {
     const PagePool& pool = pages_->pool(g);
     for (uint32_t slot = 0; slot < pool.num_slots(); ++slot) {
@@ -61,14 +60,37 @@ uint64_t BlockPool::RoomAfterEvictingAll(int format) const {
       for (uint32_t page = first; page < first + pool.PagesInSlot(slot); ++page) {
         n += freeable(pool, page) ? 1 : 0;
       }
-      if (g == format) {
-        room += n;
-      } else if (n == pool.PagesInSlot(slot)) {
-        slabs += 1;
+      out[g].pages += n;
+      if (n == pool.PagesInSlot(slot)) {
+        out[g].whole_slabs += 1;
+        out[g].whole_pages += n;
       }
     }
   }
-  return room + slabs * pages_->pool(format).MinPagesPerSlot();
+  return out;
+}
+
+uint64_t BlockPool::RoomAfterEvictingAll(int format) const {
+  const std::vector<Freeable> freeable = FreeableAfterEvictingAll();
+  uint64_t slabs = pages_->free_slabs();
+  for (int g = 0; g < pages_->num_formats(); ++g) {
+    if (g != format) slabs += freeable[g].whole_slabs;
+  }
+  return freeable[format].pages + slabs * pages_->pool(format).MinPagesPerSlot();
+}
+
+bool BlockPool::RoomForAllAfterEvictingAll(absl::Span<const uint32_t> pages_by_format) const {
+  const std::vector<Freeable> freeable = FreeableAfterEvictingAll();
+  uint64_t slabs = pages_->free_slabs(), needed = 0;
+  for (int f = 0; f < pages_->num_formats(); ++f) {
+    slabs += freeable[f].whole_slabs;  // each slab that would empty serves any format
+    const uint64_t in_partial_slabs = freeable[f].pages - freeable[f].whole_pages;
+    if (pages_by_format[f] > in_partial_slabs) {
+      const uint64_t per_slab = pages_->pool(f).MinPagesPerSlot();
+      needed += (pages_by_format[f] - in_partial_slabs + per_slab - 1) / per_slab;
+    }
+  }
+  return needed <= slabs;
 }
 
 absl::Status BlockPool::EnsureFreePages(int format, uint32_t count, bool may_evict) {

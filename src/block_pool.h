@@ -158,10 +158,22 @@ class BlockPool {
   absl::Status CopyBetween(const PageStore& from, int from_format, absl::Span<const uint32_t> src,
                            const PageStore& to, int to_format, absl::Span<const uint32_t> dst);
   void FillHost(CacheStats* stats) const;
+  // What evicting every evictable cached block and reclaiming every retired page would leave
+  // free in one format's mapped slabs.
+  struct Freeable {
+    uint64_t pages = 0;        // in all its mapped slabs
+    uint64_t whole_slabs = 0;  // its mapped slabs every page of which would be free
+    uint64_t whole_pages = 0;  // the pages of those slabs
+  };
+  // Per format. Cost: O(blocks + mapped pages); only on the way to eviction.
+  std::vector<Freeable> FreeableAfterEvictingAll() const;
   // Pages of `format` that evicting every evictable cached block and reclaiming every retired
-  // page would make allocatable (exact). Cost: O(blocks + mapped pages); only on the way to
-  // eviction.
+  // page would make allocatable (exact).
   uint64_t RoomAfterEvictingAll(int format) const;
+  // Whether evicting every evictable block could give each format f of `pages_by_format`
+  // (indexed by format) its count of pages at once. Sufficient, not exact: a slab is counted
+  // for its format's fewest pages per slab.
+  bool RoomForAllAfterEvictingAll(absl::Span<const uint32_t> pages_by_format) const;
   absl::Status CheckBlock(uint32_t b, absl::Span<const uint32_t> refs,
                           std::vector<uint32_t>* children) const;
   // Checks child counts ([2 * block + tier], counted from the blocks) and both evictors.

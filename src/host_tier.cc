@@ -157,7 +157,17 @@ absl::Status BlockPool::Onload(absl::Span<const uint32_t> blocks) {
   };
   // Device pages for every block before any copy, so that no room means nothing to undo but
   // untouched pages. A format's pages are taken before the next format makes room, so that its
-  // new slabs are not taken back as empty.
+  // new slabs are not taken back as empty. With two formats or more, a refusal is decided
+  // before any of them evicts (one format's evictions would be undone by the next's refusal).
+  if (blocks_[sorted.front()].format != blocks_[sorted.back()].format) {
+    std::vector<uint32_t> wanted(pages_->num_formats(), 0);
+    for (uint32_t b : sorted) wanted[blocks_[b].format] += 1;
+    if (!RoomForAllAfterEvictingAll(wanted)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no device room for the ", sorted.size(), " offloaded blocks of a prefix hit in ",
+          "several formats, even after evicting every evictable block"));
+    }
+  }
   std::vector<uint32_t> src, dst;
   for (size_t start = 0, end; start < sorted.size(); start = end) {
     end = end_of_format(start);

@@ -24,6 +24,17 @@ Options TierOptions() {
   return o;
 }
 
+// Two slabs per layer in each tier, so that both formats can get a host slab, and the palette
+// {FP16, BF16} whose host tier stores BF16 where a block's sharers allow it.
+Options TwoFormatTierOptions() {
+  Options o = TierOptions();
+  o.memory_budget_bytes *= 2;
+  o.host_tier_bytes *= 2;
+  o.palette = {*ParseFormat("fp16"), *ParseFormat("bf16")};
+  o.host_tier_format = 1;
+  return o;
+}
+
 constexpr int kBlock = 16;
 constexpr int kDeviceBlocks = 32;
 
@@ -264,13 +275,7 @@ TEST_F(HostTierTest, ForksShareOnloadedBlocksAndBlocksChainedFromTheHostTier) {
 }
 
 TEST_F(HostTierTest, BlocksAreDemotedOnTheWayDownUnlessASharerForbidsIt) {
-  // Two slabs per layer in each tier, so that both formats get a host slab.
-  Options o = TierOptions();
-  o.memory_budget_bytes *= 2;
-  o.host_tier_bytes *= 2;
-  o.palette = {*ParseFormat("fp16"), *ParseFormat("bf16")};
-  o.host_tier_format = 1;
-  Create(o);
+  Create(TwoFormatTierOptions());
   const std::vector<int32_t> a = Tokens(2 * kBlock + 1, 1000);
   const std::vector<int32_t> strict = Tokens(2 * kBlock + 1, 3000);
   Serve(a);
@@ -355,6 +360,44 @@ TEST_F(HostTierTest, AFailingOnloadCopyLeavesTheBlocksOffloaded) {
   const AddResult hit = Match(a);
   EXPECT_EQ(hit.host_tokens, 4 * kBlock);
   ExpectValues(hit.id, a, 4 * kBlock);
+}
+
+TEST_F(HostTierTest, AHitInTwoFormatsWithoutRoomForBothEvictsNothing) {
+  Create(TwoFormatTierOptions());
+  const std::vector<int32_t> a = Tokens(2 * kBlock + 1, 1000);
+  const SequenceId first = Compute(a);
+  const std::vector<BlockId> a_blocks = *cache_->SequenceBlocks(first);
+  ASSERT_TRUE(cache_->Release(first).ok());
+  // A request that forbids BF16 shares A's first block, so it goes down as FP16, the second
+  // as BF16, when a sequence without token ids takes the whole device.
+  ASSERT_TRUE(cache_->Release(Match(Tokens(kBlock + 1, 1000), /*coldest_format=*/0).id).ok());
+  std::vector<int64_t> slots;
+  const SequenceId big = *cache_->AddSequence();
+  ASSERT_TRUE(cache_->Append(big, 2 * kDeviceBlocks * kBlock, &slots).ok());
+  ASSERT_TRUE(cache_->Release(big).ok());
+  ASSERT_EQ(cache_->GetBlockInfo(a_blocks[0])->format, 0);
+  ASSERT_EQ(cache_->GetBlockInfo(a_blocks[1])->format, 1);
+  ASSERT_EQ(StateOf(a_blocks[1]), BlockState::kOffloaded);
+  // One cached FP16 block (C's) and a sequence in use filling the rest of the device: evicting
+  // C gives A's FP16 block a page, but nothing can give its BF16 block a slab.
+  const SequenceId c = Compute(Tokens(kBlock + 1, 7000));
+  const BlockId c_block = cache_->SequenceBlocks(c)->front();
+  ASSERT_TRUE(cache_->Release(c).ok());
+  const SequenceId filler = *cache_->AddSequence();
+  ASSERT_TRUE(cache_->Append(filler, (2 * kDeviceBlocks - 1) * kBlock, &slots).ok());
+  const CacheStats before = cache_->GetStats();
+  const AddResult miss = Match(a);
+  EXPECT_EQ(miss.cached_tokens, 0);
+  EXPECT_EQ(StateOf(c_block), BlockState::kCached);  // was offloaded for nothing
+  const CacheStats after = cache_->GetStats();
+  EXPECT_EQ(after.host.onload_failures, before.host.onload_failures + 1);
+  EXPECT_EQ(after.host.offloaded_blocks, before.host.offloaded_blocks);
+  EXPECT_EQ(after.host.blocks, 2);
+  ASSERT_TRUE(cache_->Release(miss.id).ok());
+  ASSERT_TRUE(cache_->Release(filler).ok());
+  const AddResult hit = Match(a);  // room now: both come back
+  EXPECT_EQ(hit.host_tokens, 2 * kBlock);
+  ExpectValues(hit.id, a, 2 * kBlock);
 }
 
 TEST_F(HostTierTest, AnOffloadedBlockCannotBeDemoted) {
