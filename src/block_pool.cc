@@ -35,24 +35,15 @@ BlockPool::BlockPool(PageStore* pages, std::unique_ptr<PageStore> host, Backend*
   }
 }
 
-std::vector<BlockPool::Freeable> BlockPool::FreeableAfterEvictingAll() const {
-  // Leaf-first eviction never reaches a cached block above an indexed block in use.
-  std::vector<bool> pinned(blocks_.capacity(), false);
-  for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
-    if (blocks_[b].state != BlockState::kInUse || !blocks_[b].indexed) continue;
-    for (uint32_t p = blocks_[b].parent; p != kNone && !pinned[p]; p = blocks_[p].parent) {
-      pinned[p] = true;
-    }
-  }
-  // A page comes free when it is free, retired (reclaimed after a fence) or an evictable block's.
+std::vector<BlockPool::Freeable> BlockPool::FreeableWithout(const PageStore& store,
+                                                            const std::vector<bool>& gone) {
   auto freeable = [&](const PagePool& pool, uint32_t page) {
     const uint32_t owner = pool.Owner(page);
-    return owner == PagePool::kNone || owner == PagePool::kPending ||
-           (blocks_[owner].state == BlockState::kCached && !pinned[owner]);
+    return owner == PagePool::kNone || owner == PagePool::kPending || gone[owner];
   };
-  std::vector<Freeable> out(pages_->num_formats());
-  for (int g = 0; g < pages_->num_formats(); ++g) {
-    const PagePool& pool = pages_->pool(g);
+  std::vector<Freeable> out(store.num_formats());
+  for (int g = 0; g < store.num_formats(); ++g) {
+    const PagePool& pool = store.pool(g);
     for (uint32_t slot = 0; slot < pool.num_slots(); ++slot) {
       if (!pool.IsMapped(slot)) continue;
       uint32_t n = 0;
@@ -68,6 +59,43 @@ std::vector<BlockPool::Freeable> BlockPool::FreeableAfterEvictingAll() const {
     }
   }
   return out;
+}
+
+std::vector<BlockPool::Freeable> BlockPool::FreeableAfterEvictingAll() const {
+  // Leaf-first eviction never reaches a cached block above an indexed block in use.
+  std::vector<bool> pinned(blocks_.capacity(), false);
+  for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
+    if (blocks_[b].state != BlockState::kInUse || !blocks_[b].indexed) continue;
+    for (uint32_t p = blocks_[b].parent; p != kNone && !pinned[p]; p = blocks_[p].parent) {
+      pinned[p] = true;
+    }
+  }
+  std::vector<bool> gone(blocks_.capacity(), false);
+  for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
+    gone[b] = blocks_[b].state == BlockState::kCached && !pinned[b];
+  }
+  return FreeableWithout(*pages_, gone);
+}
+
+bool BlockPool::HostRoomAfterDroppingAll(int format) const {
+  // An offloaded block with a reference is pinned (being brought back, or on its way down), and
+  // so are its ancestors: the host tier drops leaves first.
+  std::vector<bool> gone(blocks_.capacity(), false);
+  for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
+    gone[b] = blocks_[b].state == BlockState::kOffloaded && blocks_[b].ref_count == 0;
+  }
+  for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
+    if (blocks_[b].state != BlockState::kOffloaded || blocks_[b].ref_count == 0) continue;
+    for (uint32_t p = blocks_[b].parent; p != kNone && gone[p]; p = blocks_[p].parent) {
+      gone[p] = false;
+    }
+  }
+  const std::vector<Freeable> freeable = FreeableWithout(*host_, gone);
+  uint64_t slabs = host_->free_slabs();
+  for (int g = 0; g < host_->num_formats(); ++g) {
+    if (g != format) slabs += freeable[g].whole_slabs;
+  }
+  return freeable[format].pages > 0 || slabs > 0;
 }
 
 uint64_t BlockPool::RoomAfterEvictingAll(int format) const {

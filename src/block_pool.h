@@ -158,15 +158,23 @@ class BlockPool {
   absl::Status CopyBetween(const PageStore& from, int from_format, absl::Span<const uint32_t> src,
                            const PageStore& to, int to_format, absl::Span<const uint32_t> dst);
   void FillHost(CacheStats* stats) const;
-  // What evicting every evictable cached block and reclaiming every retired page would leave
-  // free in one format's mapped slabs.
+  // What one format's mapped slabs of a store would hold free once some blocks were gone.
   struct Freeable {
     uint64_t pages = 0;        // in all its mapped slabs
     uint64_t whole_slabs = 0;  // its mapped slabs every page of which would be free
     uint64_t whole_pages = 0;  // the pages of those slabs
   };
-  // Per format. Cost: O(blocks + mapped pages); only on the way to eviction.
+  // Per format of `store`, once the blocks `gone` marks had left it and every retired page were
+  // reclaimed. Cost: O(mapped pages).
+  static std::vector<Freeable> FreeableWithout(const PageStore& store,
+                                               const std::vector<bool>& gone);
+  // Per format of the device, once every evictable cached block were evicted. Cost: O(blocks +
+  // mapped pages); only on the way to eviction.
   std::vector<Freeable> FreeableAfterEvictingAll() const;
+  // Whether dropping every offloaded block that can be dropped (leaf-first; none pinned, nor
+  // above a pinned one) would give the host tier room for a page of `format`. O(blocks + mapped
+  // host pages).
+  bool HostRoomAfterDroppingAll(int format) const;
   // Pages of `format` that evicting every evictable cached block and reclaiming every retired
   // page would make allocatable (exact).
   uint64_t RoomAfterEvictingAll(int format) const;

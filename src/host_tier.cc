@@ -25,9 +25,19 @@ absl::Status BlockPool::CopyBetween(const PageStore& from, int from_format,
 }
 
 bool BlockPool::MakeHostRoom(int format) {
+  bool room_checked = false;
   while (host_->SlabsNeeded(format, 1) > host_->AvailableSlabs(format)) {
     const uint32_t victim = host_evictor_.PopVictim(metrics_->steps);
     if (victim == Evictor::kNone) return false;
+    // A victim of `format` frees a page of it; one of another format helps only if its slab
+    // empties: before the first such drop, check that dropping all could make room at all.
+    if (blocks_[victim].format != format && !room_checked) {
+      room_checked = true;
+      if (!HostRoomAfterDroppingAll(format)) {
+        host_evictor_.AddColdest(victim, blocks_[victim].priority, blocks_[victim].expires_at);
+        return false;
+      }
+    }
     metrics_->host.evicted_blocks += 1;
     Drop(victim);  // its host page is free at once (page_store.h)
   }
@@ -218,26 +228,36 @@ absl::Status BlockPool::Onload(absl::Span<const uint32_t> blocks) {
 }
 
 void BlockPool::DropOffloadedDescendants(uint32_t block) {
-  // A rare path (a failing copy), so a scan: leaves first, until none is left. Offloaded blocks
-  // have only offloaded children, and none is pinned (a pinned block's ancestors are in use).
-  auto descends = [&](uint32_t b) {
-    for (uint32_t p = blocks_[b].parent; p != kNone; p = blocks_[p].parent) {
-      if (p == block) return true;
+  // A rare path (a failing copy, or no host room): one scan finds the descendants and their
+  // depths (each block's answer memoised, so O(blocks)), then the deepest go first, so that each
+  // is a leaf when dropped. Offloaded blocks have only offloaded children, and none is pinned (a
+  // pinned block's ancestors are in use).
+  constexpr int32_t kUnknown = -2, kOutside = -1;
+  std::vector<int32_t> depth(blocks_.capacity(), kUnknown);  // below `block`, or kOutside
+  depth[block] = 0;
+  std::vector<uint32_t> path, found;
+  for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
+    if (blocks_[b].state != BlockState::kOffloaded || depth[b] != kUnknown) continue;
+    uint32_t p = b;
+    while (p != kNone && depth[p] == kUnknown && blocks_[p].state == BlockState::kOffloaded) {
+      path.push_back(p);
+      p = blocks_[p].parent;
     }
-    return false;
-  };
-  bool dropped = true;
-  while (blocks_[block].offloaded_children > 0 && dropped) {
-    dropped = false;
-    for (uint32_t b = 0; b < blocks_.capacity(); ++b) {
-      const BlockMeta& m = blocks_[b];
-      if (m.state == BlockState::kOffloaded && m.ref_count == 0 && m.offloaded_children == 0 &&
-          descends(b)) {
-        metrics_->host.evicted_blocks += 1;
-        Drop(b);
-        dropped = true;
+    int32_t d = p != kNone && depth[p] >= 0 ? depth[p] : kOutside;
+    while (!path.empty()) {  // from the nearest the known answer down to b
+      if (d != kOutside) {
+        d += 1;
+        found.push_back(path.back());
       }
+      depth[path.back()] = d;
+      path.pop_back();
     }
+  }
+  std::sort(found.begin(), found.end(),
+            [&](uint32_t x, uint32_t y) { return depth[x] > depth[y]; });
+  for (uint32_t b : found) {
+    metrics_->host.evicted_blocks += 1;
+    Drop(b);
   }
 }
 

@@ -400,6 +400,29 @@ TEST_F(HostTierTest, AHitInTwoFormatsWithoutRoomForBothEvictsNothing) {
   ExpectValues(hit.id, a, 2 * kBlock);
 }
 
+TEST_F(HostTierTest, HostLeavesThatCannotFreeASlabOfTheWantedFormatStay) {
+  Create(TwoFormatTierOptions());
+  // S, two blocks no request lets go to BF16; A, 33 blocks of which a strict request shares the
+  // first: A's first block and S's go down as FP16, A's other 32 fill the host's BF16 slab.
+  SequenceOptions fp16_only;
+  fp16_only.coldest_format = 0;
+  ASSERT_TRUE(cache_->Release(Compute(Tokens(2 * kBlock + 1, 3000), fp16_only)).ok());
+  const std::vector<int32_t> a = Tokens(33 * kBlock + 1, 1000);
+  Serve(a);
+  ASSERT_TRUE(cache_->Release(Match(Tokens(kBlock + 1, 1000), /*coldest_format=*/0).id).ok());
+  ASSERT_TRUE(cache_->Release(Compute(Tokens(2 * kDeviceBlocks * kBlock, 50000))).ok());
+  ASSERT_EQ(cache_->GetStats().host.blocks, 35);
+  // Bringing A back evicts device blocks that want BF16 host pages: every BF16 page is A's,
+  // pinned, and S's blocks share their FP16 slab with A's pinned first block, so dropping them
+  // could free no slab. They stay; the device blocks are dropped instead.
+  const AddResult hit = Match(a);
+  EXPECT_EQ(hit.host_tokens, 33 * kBlock);
+  ExpectValues(hit.id, a, 33 * kBlock);
+  const CacheStats s = cache_->GetStats();
+  EXPECT_EQ(s.host.evicted_blocks, 0);
+  EXPECT_EQ(s.host.blocks, 2);
+}
+
 TEST_F(HostTierTest, AnOffloadedBlockCannotBeDemoted) {
   Serve(Tokens(2 * kBlock + 1, 1000));
   ASSERT_TRUE(cache_->Release(Compute(Tokens(kDeviceBlocks * kBlock, 50000))).ok());
