@@ -311,6 +311,7 @@ absl::StatusOr<SequenceId> CacheImpl::Fork(SequenceId parent) {
   *c = copy;
   c->generation = child.generation;
   c->dirty = false;
+  c->tier_cursor.fill(0);  // it votes for its blocks at the next step, as its parent did
   MarkDirty(child, *c);
   for (uint32_t b : c->blocks) pool_[b].ref_count += 1;
   metrics_.tokens += c->num_tokens;
@@ -321,7 +322,10 @@ absl::Status CacheImpl::Release(SequenceId id) {
   MutexLock lock(&mu_);
   Sequence* seq = sequences_.Find(id);
   if (seq == nullptr) return UnknownSequence(id);
-  for (uint32_t b : seq->blocks) DropRef(b, *seq);
+  for (size_t i = 0; i < seq->blocks.size(); ++i) {
+    LeaveVote(*seq, i);
+    DropRef(seq->blocks[i], *seq);
+  }
   metrics_.tokens -= seq->num_tokens;
   sequences_.Remove(id);
   pages_->RetireSynchronous();

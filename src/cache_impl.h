@@ -188,6 +188,10 @@ class CacheImpl final : public Cache {
   absl::Status CompactSlot(int format, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues into demote_queue_ the blocks of `seq` that crossed a tier boundary.
   void AgeSequence(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `seq`, about to drop its reference to its block `position`, leaves that block's vote: its
+  // vote is withdrawn if it cast one, and the block is queued when every remaining sharer has
+  // voted.
+  void LeaveVote(const Sequence& seq, size_t position) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDirty(SequenceId id, Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkAllDirty() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -15,6 +15,12 @@
 #include "src/status_macros.h"
 
 namespace kvtier {
+namespace {
+
+// Votes saturate: a block shared by more sequences moves once this many have voted.
+constexpr uint32_t kMaxVotes = 0xFFFF;
+
+}  // namespace
 
 absl::Status CacheImpl::SetPolicy(const Policy& policy) {
   if (absl::Status valid = ValidatePolicy(policy); !valid.ok()) return valid;
@@ -39,7 +45,15 @@ absl::Status CacheImpl::SetPolicy(const Policy& policy) {
   }
   MutexLock lock(&mu_);
   policy_ = std::move(active);
-  MarkAllDirty();  // every live sequence is considered at the next step under the new rules
+  // Every live sequence is considered again from its first block at the next step under the new
+  // rules, with its sharers' votes counted afresh; demotions the old rules queued are dropped.
+  for (uint32_t i = 0; i < sequences_.num_slots(); ++i) {
+    const uint32_t generation = sequences_.slot(i).generation;
+    if (generation != 0) sequences_.Find({i, generation})->tier_cursor.fill(0);
+  }
+  for (uint32_t b = 0; b < pool_.blocks().capacity(); ++b) pool_[b].votes = 0;
+  for (std::vector<BlockId>& queue : demote_queue_) queue.clear();
+  MarkAllDirty();
   return absl::OkStatus();
 }
 
@@ -61,7 +75,8 @@ absl::Status CacheImpl::RecordAttention(SequenceId id, absl::Span<const float> b
   const float blocks = static_cast<float>(block_weight.size());
   for (size_t i = 0; i < block_weight.size(); ++i) {
     BlockMeta& m = pool_[seq->blocks[i]];
-    m.attention = std::max(m.attention, PackAttention(block_weight[i] * blocks));
+    // + 0: -0 (accepted as 0) packs above every positive weight.
+    m.attention = std::max(m.attention, PackAttention(block_weight[i] * blocks + 0.f));
   }
   return absl::OkStatus();
 }
@@ -129,12 +144,28 @@ void CacheImpl::AgeSequence(Sequence& seq) {
           m.vote_tier = static_cast<uint8_t>(tier);
           m.votes = 0;
         }
-        if (++m.votes < m.ref_count) continue;
+        if (m.votes < kMaxVotes) m.votes += 1;
+        if (m.votes < std::min<uint32_t>(m.ref_count, kMaxVotes)) continue;
       }
       demote_queue_[target].push_back(pool_.blocks().IdOf(b));
     }
     seq.tier_cursor[k] = std::max(seq.tier_cursor[k], n[k]);
   }
+}
+
+void CacheImpl::LeaveVote(const Sequence& seq, size_t position) {
+  const uint32_t b = seq.blocks[position];
+  BlockMeta& m = pool_[b];
+  if (m.ref_count <= 1) {  // the next sharers vote afresh
+    m.votes = 0;
+    return;
+  }
+  // It voted for vote_tier when its cursor for that tier passed the block (a block attention
+  // keeps a tier hotter gets its votes from the next tier's cursor, which passes later).
+  if (m.votes > 0 && static_cast<int64_t>(position) < seq.tier_cursor[m.vote_tier]) m.votes -= 1;
+  if (!policy_ || m.votes == 0 || m.votes < std::min<uint32_t>(m.ref_count - 1, kMaxVotes)) return;
+  const int target = std::min<int>(policy_->tier_format[m.vote_tier], m.coldest_format);
+  if (target > m.format) demote_queue_[target].push_back(pool_.blocks().IdOf(b));
 }
 
 void CacheImpl::UpdatePressure() {

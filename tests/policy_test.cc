@@ -164,6 +164,68 @@ TEST(PolicyAgingTest, SharedBlocksFollowTheirYoungestSharer) {
   EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
 }
 
+// An old sequence of 48 prompt tokens and a young one sharing its first two blocks, one token
+// past them; the old one grows by 40 and a step ends (ShortWindows(0)): the old one has voted
+// for block 0 (age 80), the young one not (17), so block 0 is still FP16.
+struct Sharers {
+  SequenceId old_seq, young;
+};
+Sharers OldVotedYoungNot(Cache& cache) {
+  std::vector<int32_t> prompt(48);
+  for (int i = 0; i < 48; ++i) prompt[i] = 7 * i + 1;
+  const SequenceId old_seq = *cache.AddSequence();
+  std::vector<int64_t> slots;
+  EXPECT_TRUE(cache.AppendTokens(old_seq, prompt, &slots).ok());
+  SequenceOptions o;
+  o.prompt = prompt;
+  const SequenceId young = cache.AddSequence(o)->id;
+  EXPECT_TRUE(cache.Append(young, 1, &slots).ok());
+  EXPECT_TRUE(cache.Append(old_seq, 40, &slots).ok());
+  EXPECT_TRUE(cache.EndStep().ok());
+  EXPECT_EQ(Formats(cache, old_seq)[0], 0);
+  return {old_seq, young};
+}
+
+TEST(PolicyAgingTest, ASharerLeavingBeforeItsVoteLetsTheBlockMove) {
+  auto cache = PolicyCache(ShortWindows(0));
+  const auto [old_seq, young] = OldVotedYoungNot(*cache);
+  ASSERT_TRUE(cache->Release(young).ok());  // leaves before its vote
+  ASSERT_TRUE(cache->EndStep().ok());
+  EXPECT_EQ(Formats(*cache, old_seq)[0], 1);  // its only holder's age, 80, crossed 32 long ago
+  EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
+}
+
+TEST(PolicyAgingTest, AForkAfterItsParentVotedVotesToo) {
+  auto cache = PolicyCache(ShortWindows(0));
+  const auto [old_seq, young] = OldVotedYoungNot(*cache);
+  const SequenceId fork = *cache->Fork(old_seq);  // as old as its parent: it votes too
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->Append(young, 31, &slots).ok());  // the young one crosses 32
+  ASSERT_TRUE(cache->EndStep().ok());
+  EXPECT_EQ(Formats(*cache, old_seq)[0], 1);
+  EXPECT_EQ(Formats(*cache, fork)[0], 1);
+  EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
+}
+
+TEST(PolicyAgingTest, SetPolicyAppliesTheNewRulesToBlocksAlreadyAged) {
+  auto cache = PolicyCache(ShortWindows(0));
+  const SequenceId seq = *cache->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->Append(seq, 200, &slots).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  ASSERT_EQ(Formats(*cache, seq)[6], 1);  // age 88: FP8 under the first rules
+  Policy colder;
+  colder.name = "colder";
+  colder.tiers = {{*ParseFormat("fp16"), 32}, {*ParseFormat("nvfp4/block_head"), -1}};
+  colder.sink_tokens = 0;
+  colder.pressure_watermark = 0;
+  ASSERT_TRUE(cache->SetPolicy(colder).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  const std::vector<int> formats = Formats(*cache, seq);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(formats[i], 2) << i;  // every block 32 or more old
+  EXPECT_EQ(formats[10], 0);
+}
+
 TEST(PolicyAttentionTest, RecordAttentionKeepsTheLargestShareAndRefusesBadReports) {
   auto cache = PolicyCache(ShortWindows());
   const SequenceId seq = *cache->AddSequence();
@@ -175,6 +237,10 @@ TEST(PolicyAttentionTest, RecordAttentionKeepsTheLargestShareAndRefusesBadReport
   EXPECT_FLOAT_EQ(cache->GetBlockInfo(blocks[0])->attention, 1.5f);  // max(0.5, 0.25) x 3
   EXPECT_FLOAT_EQ(cache->GetBlockInfo(blocks[1])->attention, 2.25f);
   EXPECT_FLOAT_EQ(cache->GetBlockInfo(blocks[2])->attention, 1.5f);
+  // -0 is 0: it keeps no later report out (packed, -0 ranked above every positive weight).
+  ASSERT_TRUE(cache->RecordAttention(seq, std::vector<float>{0.f, 0.f, -0.f}).ok());
+  ASSERT_TRUE(cache->RecordAttention(seq, std::vector<float>{0.f, 0.f, 1.f}).ok());
+  EXPECT_FLOAT_EQ(cache->GetBlockInfo(blocks[2])->attention, 3.f);
   struct Bad {
     std::vector<float> weights;
     absl::StatusCode code;
