@@ -142,7 +142,11 @@ absl::Status RedisConnection::Error(absl::string_view during) const {
                          (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK ||
                           saved_errno == ETIMEDOUT || saved_errno == EINPROGRESS ||
                           absl::StrContains(context_->errstr, "timed out"));
-  return timed_out ? absl::DeadlineExceededError(what) : absl::UnavailableError(what);
+  if (timed_out) return absl::DeadlineExceededError(what);
+  // A reply that is not Redis's protocol, or one hiredis could not hold, is the server's fault,
+  // not a connection lost (which a fresh connection is tried for).
+  const bool malformed = context_->err == REDIS_ERR_PROTOCOL || context_->err == REDIS_ERR_OOM;
+  return malformed ? absl::InternalError(what) : absl::UnavailableError(what);
 }
 
 absl::Status RedisConnection::Fail(absl::string_view during) {
@@ -174,8 +178,8 @@ absl::Status RedisConnection::Arm(Clock::time_point deadline, absl::string_view 
   return absl::OkStatus();
 }
 
-absl::Status RedisConnection::Send(size_t bytes) {
-  const Clock::time_point deadline = Clock::now() + Budget(bytes);
+absl::Status RedisConnection::Send(size_t bytes, Clock::time_point not_after) {
+  const Clock::time_point deadline = std::min(not_after, Clock::now() + Budget(bytes));
   for (int written = 0; !written;) {
     if (absl::Status s = Arm(deadline, "send"); !s.ok()) return s;
     if (redisBufferWrite(context_, &written) != REDIS_OK) return Fail("send");
@@ -184,23 +188,28 @@ absl::Status RedisConnection::Send(size_t bytes) {
 }
 
 absl::Status RedisConnection::NextReply(Clock::time_point deadline, size_t max_bytes,
-                                        void** reply) {
+                                        size_t* received, void** reply) {
   for (;;) {
     if (redisGetReplyFromReader(context_, reply) != REDIS_OK) return Fail("reply");
     if (*reply != nullptr) return absl::OkStatus();
+    if (context_->reader->ridx > 0) {  // inside an aggregate's elements
+      return Drop(absl::InternalError(
+          absl::StrCat(Url(), " reply: an aggregate (array, map or set), which no command asks for")));
+    }
     if (absl::Status s = Arm(deadline, "reply"); !s.ok()) return s;
+    const size_t before = context_->reader->len;  // hiredis discards parsed bytes only when parsing
     if (redisBufferRead(context_) != REDIS_OK) return Fail("reply");
-    if (const size_t unparsed = context_->reader->len - context_->reader->pos;
-        unparsed > max_bytes + kErrorTextBytes) {
-      return Drop(absl::InternalError(absl::StrCat(Url(), " reply: ", unparsed,
-                                                   " bytes buffered, over the ", max_bytes,
+    *received += context_->reader->len - before;
+    if (*received > max_bytes + kErrorTextBytes) {
+      return Drop(absl::InternalError(absl::StrCat(Url(), " reply: ", *received,
+                                                   " bytes read in, over the ", max_bytes,
                                                    " asked for")));
     }
   }
 }
 
 absl::Status RedisConnection::ExchangeOnce(const std::vector<std::vector<absl::string_view>>& commands,
-                                           size_t reply_bytes,
+                                           size_t reply_bytes, Clock::time_point not_after,
                                            std::vector<std::optional<std::string>>* values) {
   size_t sent_bytes = 0;
   for (const std::vector<absl::string_view>& args : commands) {
@@ -216,12 +225,13 @@ absl::Status RedisConnection::ExchangeOnce(const std::vector<std::vector<absl::s
       return Fail("send");
     }
   }
-  if (absl::Status s = Send(sent_bytes); !s.ok()) return s;
-  const Clock::time_point deadline = Clock::now() + Budget(reply_bytes);
+  if (absl::Status s = Send(sent_bytes, not_after); !s.ok()) return s;
+  const Clock::time_point deadline = std::min(not_after, Clock::now() + Budget(reply_bytes));
   absl::Status refused;
+  size_t received = 0;
   for (size_t i = 0; i < commands.size(); ++i) {
     void* raw = nullptr;
-    if (absl::Status s = NextReply(deadline, reply_bytes, &raw); !s.ok()) return s;
+    if (absl::Status s = NextReply(deadline, reply_bytes, &received, &raw); !s.ok()) return s;
     const Reply reply(static_cast<redisReply*>(raw));
     if (reply->type == REDIS_REPLY_STRING) {
       values->emplace_back(std::string(reply->str, reply->len));
@@ -244,12 +254,16 @@ absl::Status RedisConnection::Exchange(const std::vector<std::vector<absl::strin
                                        std::vector<std::optional<std::string>>* values) {
   const bool reused = context_ != nullptr;
   if (absl::Status s = Connect(); !s.ok()) return s;
-  absl::Status s = ExchangeOnce(commands, reply_bytes, values);
+  const Clock::time_point started = Clock::now();
+  absl::Status s = ExchangeOnce(commands, reply_bytes, Clock::time_point::max(), values);
   if (reused && absl::IsUnavailable(s)) {
-    // A connection idle across a server restart is found closed only now: one fresh try.
+    // A connection idle across a server restart is found closed only now: one fresh try, in
+    // what is left of the first's time (a server that stalls, then closes, gets no second budget).
     values->clear();
     retry_at_ = Clock::time_point{};
-    if (s = Connect(); s.ok()) s = ExchangeOnce(commands, reply_bytes, values);
+    if (s = Connect(); s.ok()) {
+      s = ExchangeOnce(commands, reply_bytes, started + Budget(reply_bytes), values);
+    }
   }
   return s;
 }

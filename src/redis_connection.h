@@ -10,7 +10,8 @@
 //                     sent, or its replies not all in, within the timeout plus the transfer's
 //                     bytes at 100 MB/s (a server reading or writing a byte at a time is cut)
 //   ResourceExhausted the server refused a write for its maxmemory (an "OOM" error reply)
-//   Internal          any other error reply
+//   Internal          any other error reply, a reply outside Redis's protocol, an aggregate
+//                     reply, or more bytes than the call asked for (the connection dropped)
 //
 // Thread-compatible: each user (the lookup path, the writer thread) owns its connection.
 #ifndef KVTIER_SRC_REDIS_CONNECTION_H_
@@ -80,21 +81,27 @@ class RedisConnection {
   absl::Status TimedOut(absl::string_view during);
   // Sets the socket's timeout to what is left until `deadline`; TimedOut when nothing is.
   absl::Status Arm(Clock::time_point deadline, absl::string_view during);
-  // Writes the queued commands, `bytes` of arguments, within Budget(bytes) (a server reading a
-  // byte at a time never trips a per-write timeout).
-  absl::Status Send(size_t bytes);
-  // Reads until one whole reply is buffered: *reply; past `deadline`, TimedOut. Internal, the
-  // connection dropped, when more than `max_bytes` (and an error text's allowance) are buffered
-  // unparsed: a server that declares a longer reply than was asked for is cut there, not
-  // buffered whole.
-  absl::Status NextReply(Clock::time_point deadline, size_t max_bytes, void** reply);
+  // Writes the queued commands, `bytes` of arguments, within Budget(bytes) and before
+  // `not_after` (a server reading a byte at a time never trips a per-write timeout).
+  absl::Status Send(size_t bytes, Clock::time_point not_after);
+  // Reads until one whole reply is buffered: *reply; past `deadline`, TimedOut. *received
+  // counts the bytes read in, over the exchange's replies. Internal, the connection dropped, when
+  // it passes `max_bytes` (and an error text's allowance), or when a reply is an aggregate (no
+  // command sent asks for one): a server that sends more than was asked for is cut there, not
+  // buffered whole (hiredis parses an array's elements as they come, so the unparsed bytes alone
+  // would not bound it).
+  absl::Status NextReply(Clock::time_point deadline, size_t max_bytes, size_t* received,
+                         void** reply);
   // Sends `commands` and reads one entry per reply into *values (a string's value, else
   // nullopt), all within Budget(reply_bytes) of the sending; retries once on a fresh connection
-  // when a connection that had worked before turns out closed.
+  // when a connection that had worked before turns out closed, within what is left of the first
+  // try's Budget(reply_bytes).
   absl::Status Exchange(const std::vector<std::vector<absl::string_view>>& commands,
                         size_t reply_bytes, std::vector<std::optional<std::string>>* values);
+  // One try of Exchange, done before `not_after` (Clock::time_point::max(): no bound but its own).
   absl::Status ExchangeOnce(const std::vector<std::vector<absl::string_view>>& commands,
-                            size_t reply_bytes, std::vector<std::optional<std::string>>* values);
+                            size_t reply_bytes, Clock::time_point not_after,
+                            std::vector<std::optional<std::string>>* values);
 
   const RedisAddress address_;
   const int timeout_ms_;

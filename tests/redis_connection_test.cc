@@ -68,27 +68,88 @@ TEST(RedisConnectionTest, AReplyTrickledAByteAtATimeIsCutAtTheTimeout) {
   EXPECT_LT(got.took, std::chrono::milliseconds(500));
 }
 
+// Reads a request from `client`, then sends `header` and `chunk` again and again, counting the
+// bytes in *sent, until the client closes the connection (or 4 GB went).
+void Flood(int client, const std::string& header, const std::string& chunk,
+           std::atomic<int64_t>* sent) {
+  char request[512];
+  if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
+  if (send(client, header.data(), header.size(), MSG_NOSIGNAL) < 0) return;
+  for (ssize_t n; sent->load() < 4000000000 &&
+                  (n = send(client, chunk.data(), chunk.size(), MSG_NOSIGNAL)) > 0;) {
+    *sent += n;
+  }
+}
+
 // A server that answers a GETRANGE of at most 1000 bytes with a 4 GB string, streamed as fast
 // as the loopback goes: the reply is cut once more is buffered than was asked for (Internal, the
 // connection dropped), not buffered whole until the deadline (gigabytes in 2 s).
 TEST(RedisConnectionTest, AReplyLongerThanAskedForIsCutNotBufferedWhole) {
   std::atomic<int64_t> sent{0};
   OneConnectionServer server([&sent](int client) {
-    char request[512];
-    if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
-    const std::string header = "$4000000000\r\n";
-    if (send(client, header.data(), header.size(), MSG_NOSIGNAL) < 0) return;
-    const std::string chunk(1 << 16, 'x');
-    for (ssize_t n; sent.load() < 4000000000 &&
-                    (n = send(client, chunk.data(), chunk.size(), MSG_NOSIGNAL)) > 0;) {
-      sent += n;  // until the client closes the connection
-    }
+    Flood(client, "$4000000000\r\n", std::string(1 << 16, 'x'), &sent);
   });
   const TimedGet got = GetFrom(server, 2000, {"a"}, 1000);
   EXPECT_TRUE(absl::IsInternal(got.status)) << got.status;
   EXPECT_FALSE(got.connected);
   EXPECT_LT(got.took, std::chrono::milliseconds(1000));
   EXPECT_LT(sent.load(), int64_t{64} << 20) << "bytes the client took in before it cut the reply";
+}
+
+// A server that answers GETRANGE with an array of 4 million small strings: hiredis parses each
+// element as it comes, so no unparsed backlog grows, yet the reply is refused at its header
+// (Internal, the connection dropped), not held element by element until the deadline.
+TEST(RedisConnectionTest, AnArrayReplyIsRefusedNotHeldElementByElement) {
+  std::atomic<int64_t> sent{0};
+  OneConnectionServer server([&sent](int client) {
+    const std::string element = "$500\r\n" + std::string(500, 'x') + "\r\n";
+    std::string chunk;
+    while (chunk.size() < (1 << 16)) chunk += element;
+    Flood(client, "*4000000\r\n", chunk, &sent);
+  });
+  // A value of up to 1 MiB asked for: each read (16 KiB) stays below it.
+  const TimedGet got = GetFrom(server, 2000, {"a"}, 1 << 20);
+  EXPECT_TRUE(absl::IsInternal(got.status)) << got.status;
+  EXPECT_NE(got.status.message().find("aggregate"), std::string::npos) << got.status;
+  EXPECT_FALSE(got.connected);
+  EXPECT_LT(got.took, std::chrono::milliseconds(1000));
+  EXPECT_LT(sent.load(), int64_t{64} << 20) << "bytes the client took in before it cut the reply";
+}
+
+// A reply that is not Redis's protocol (an HTTP server, say) is the server's error (Internal,
+// counted as such), not a connection lost (Unavailable, retried on a fresh connection).
+TEST(RedisConnectionTest, AReplyOutsideTheProtocolIsAServerError) {
+  OneConnectionServer server([](int client) {
+    char request[512];
+    if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
+    const std::string reply = "HTTP/1.1 400 Bad Request\r\n\r\n";
+    send(client, reply.data(), reply.size(), MSG_NOSIGNAL);
+  });
+  const TimedGet got = GetFrom(server, 2000, {"a"}, 1000);
+  EXPECT_TRUE(absl::IsInternal(got.status)) << got.status;
+  EXPECT_NE(got.status.message().find("rotocol"), std::string::npos) << got.status;
+}
+
+// A server that answers a first GET, then stalls on the second and closes its connection near
+// the timeout; the fresh connection tried then gets no reply either. The call ends within the
+// first try's time (timeout 200 ms), not after a second whole budget on the new connection.
+TEST(RedisConnectionTest, TheRetryOnAFreshConnectionGetsOnlyWhatIsLeftOfTheTime) {
+  OneConnectionServer server([](int client) {
+    char request[512];
+    if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
+    send(client, "$0\r\n\r\n", 6, MSG_NOSIGNAL);  // an empty value
+    if (recv(client, request, sizeof(request), 0) <= 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(180));  // then closed, unanswered
+  });
+  RedisConnection connection(server.address(), 200);
+  std::vector<std::optional<std::string>> values;
+  ASSERT_TRUE(connection.Get({"a"}, 100, &values).ok());
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s = connection.Get({"a"}, 100, &values);  // the retry's connect is queued
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(took, std::chrono::milliseconds(290)) << s;  // about 200 (was about 380)
+  server.Join();
 }
 
 // A long error reply (Redis's MISCONF text is over 300 bytes) to a SET, whose reply is asked to
