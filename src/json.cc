@@ -6,8 +6,8 @@
 #include <system_error>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "src/echo.h"
 
 namespace kvtier {
 namespace {
@@ -202,7 +202,7 @@ class Parser {
       if (!String(&key)) return false;
       if (v->Find(key) != nullptr) {
         pos_ = key_at;
-        return Failed(absl::StrCat("duplicate member \"", absl::CHexEscape(key), "\""));
+        return Failed(absl::StrCat("duplicate member ", Echo(key)));
       }
       SkipSpace();
       if (!Consume(":")) return Failed("expected ':'");

@@ -121,8 +121,22 @@ absl::Status CheckHostTier(const Options& o, uint64_t densest) {
                     static_cast<int64_t>(o.palette.size()) - 1);
 }
 
-// KV events: the endpoints are checked by ZeroMQ when the cache binds them.
-absl::Status CheckEvents(const Options& o) {
+// KV events: the endpoints are checked by ZeroMQ when the cache binds them. Events keep every
+// block's token ids and origin (4 x block_tokens + 16 bytes a block), allocated at creation for
+// every block of both tiers: at most kMaxEventBytes.
+absl::Status CheckEvents(const Options& o, uint64_t densest) {
+  constexpr uint64_t kMaxEventBytes = uint64_t{2} << 30;
+  const uint64_t layers = static_cast<uint64_t>(o.geometry.num_layers);
+  const uint64_t blocks =
+      (o.memory_budget_bytes / o.slab_bytes / layers + o.host_tier_bytes / o.slab_bytes / layers) *
+      densest;
+  const uint64_t per_block = 4 * static_cast<uint64_t>(o.geometry.block_tokens) + 16;
+  if (!o.kv_events_endpoint.empty() && blocks * per_block > kMaxEventBytes) {
+    return Invalid("kv_events_endpoint",
+                   absl::StrCat("KV events keep ", per_block, " bytes for each of up to ", blocks,
+                                " blocks, over the ", kMaxEventBytes,
+                                " bytes allowed; lower the budgets or use shorter blocks"));
+  }
   if (o.kv_events_endpoint.empty() && !o.kv_events_replay_endpoint.empty()) {
     return Invalid("kv_events_replay_endpoint", "is set but kv_events_endpoint is empty");
   }
@@ -207,7 +221,7 @@ absl::Status ValidateOptions(const Options& o) {
   KVTIER_RETURN_IF_ERROR(CheckPalette(o, &densest));
   KVTIER_RETURN_IF_ERROR(CheckBudget(o, densest));
   KVTIER_RETURN_IF_ERROR(CheckHostTier(o, densest));
-  KVTIER_RETURN_IF_ERROR(CheckEvents(o));
+  KVTIER_RETURN_IF_ERROR(CheckEvents(o, densest));
   KVTIER_RETURN_IF_ERROR(CheckRemoteTier(o));
   s = CheckAmax("k_tensor_amax", o.k_tensor_amax, g.num_layers);
   if (s.ok()) s = CheckAmax("v_tensor_amax", o.v_tensor_amax, g.num_layers);

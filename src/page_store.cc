@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -24,11 +25,14 @@ std::vector<PageLayout> MakeLayouts(const Options& o) {
 }
 
 // The ScaleScope::kTensor scale of `type` for a layer whose amax is `amax` (0: uncalibrated).
+// FP8 scales are at least FLT_MIN, so that the encoders' 1 / scale is finite (an infinite one
+// turns a zero into NaN): an amax below 448 x 2^-126 (E4M3) encodes as that one would.
 float TensorScale(ElementType type, float amax) {
   if (amax <= 0) return 1.f;
+  constexpr float kMinScale = std::numeric_limits<float>::min();
   switch (type) {
-    case ElementType::kFp8E4M3: return amax / 448.f;
-    case ElementType::kFp8E5M2: return amax / 57344.f;
+    case ElementType::kFp8E4M3: return std::max(amax / 448.f, kMinScale);
+    case ElementType::kFp8E5M2: return std::max(amax / 57344.f, kMinScale);
     case ElementType::kNvfp4: return amax / 2688.f;
     default: return 1.f;
   }

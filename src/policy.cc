@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <fstream>
-#include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/echo.h"
@@ -125,7 +125,7 @@ absl::StatusOr<Policy> PolicyPreset(absl::string_view name) {
     return MakePreset("fp8_keys", {{"fp16", 256}, {"k:fp8_e4m3/block_head,v:nvfp4/block_head", -1}}, 4);
   }
   if (name == "max_capacity") return MakePreset("max_capacity", {{"fp16", 16}, {kNvfp4Kv, -1}}, 4);
-  return absl::NotFoundError(absl::StrCat("no policy preset '", name, "' (",
+  return absl::NotFoundError(absl::StrCat("no policy preset ", Echo(name), " (",
                                           absl::StrJoin(PolicyPresetNames(), ", "), ")"));
 }
 
@@ -185,7 +185,7 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view json) {
 absl::StatusOr<Policy> LoadPolicy(absl::string_view name_or_path) {
   absl::StatusOr<Policy> preset = PolicyPreset(name_or_path);
   const bool looks_like_path = name_or_path.find('/') != absl::string_view::npos ||
-                              name_or_path.find(".json") != absl::string_view::npos;
+                              absl::EndsWith(name_or_path, ".json");
   if (preset.ok()) return preset;
   if (!looks_like_path) {
     return absl::Status(preset.status().code(),
@@ -193,11 +193,22 @@ absl::StatusOr<Policy> LoadPolicy(absl::string_view name_or_path) {
                                      " (a policy file's path holds a '/' or ends in .json)"));
   }
   std::ifstream in{std::string(name_or_path)};
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open policy file ", name_or_path));
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<Policy> p = ParsePolicyJson(text.str());
-  if (!p.ok()) return absl::Status(p.status().code(), absl::StrCat(name_or_path, ": ", p.status().message()));
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open policy file ", Echo(name_or_path)));
+  // A policy is a few hundred bytes: a file past kMaxPolicyFileBytes (/dev/zero, say) is refused
+  // after that much is read, not read whole.
+  constexpr size_t kMaxPolicyFileBytes = 1 << 20;
+  std::string text(kMaxPolicyFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxPolicyFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("policy file ", Echo(name_or_path),
+                                                   " is over ", kMaxPolicyFileBytes, " bytes"));
+  }
+  absl::StatusOr<Policy> p = ParsePolicyJson(text);
+  if (!p.ok()) {
+    return absl::Status(p.status().code(),
+                        absl::StrCat(Echo(name_or_path), ": ", p.status().message()));
+  }
   return p;
 }
 

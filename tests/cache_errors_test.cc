@@ -96,6 +96,22 @@ TEST(OptionsErrorsTest, BudgetAtTheMetadataLimit) {
   EXPECT_TRUE(absl::IsInvalidArgument(ValidateOptions(o)));
 }
 
+// KV events keep each block's token ids, for every block the budgets could hold: long blocks at
+// the block limit would take 64 GiB; the options are refused (16-token blocks there pass).
+TEST(OptionsErrorsTest, KvEventsKeepTheirMetadataBounded) {
+  Options o;
+  o.geometry = Geometry{1, 1, 16, 1024};  // FP16 pages of 64 KiB: 32 per slab
+  o.memory_budget_bytes = (size_t{1} << 19) * o.slab_bytes;  // 2^19 slabs x 32 = 2^24 blocks
+  ASSERT_TRUE(ValidateOptions(o).ok()) << ValidateOptions(o);
+  o.kv_events_endpoint = "inproc://bound";
+  const absl::Status s = ValidateOptions(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("kv_events_endpoint"), absl::string_view::npos) << s;
+  o.geometry = Geometry{1, 16, 128, 16};  // 16-token blocks at the limit: 80 bytes each
+  o.memory_budget_bytes = (size_t{1} << 20) * o.slab_bytes;
+  EXPECT_TRUE(ValidateOptions(o).ok()) << ValidateOptions(o);
+}
+
 // CI has no GPU: a build without CUDA answers Unimplemented, a CUDA build finds no driver or
 // device and answers Unavailable or FailedPrecondition. Never a crash, never OK.
 TEST(OptionsErrorsTest, CudaBackendWithoutAGpuFailsCleanly) {

@@ -223,6 +223,28 @@ TEST(CalibrationTest, PerTensorScalesFollowTheData) {
   EXPECT_LT(error[1], 0.08);  // calibrated
 }
 
+// A per-tensor amax so small that amax / 448 has no finite reciprocal: zeros stay zeros (an
+// infinite multiplier made them NaN) and the other values are at most the amax.
+TEST(CalibrationTest, ATinyPerTensorAmaxKeepsZerosZero) {
+  Options o = SmallOptions();
+  o.palette = {*ParseFormat("fp8_e4m3/tensor")};
+  o.k_tensor_amax = o.v_tensor_amax = {1e-37f, 1e-37f};
+  auto cache = MustCreate(o);
+  const SequenceId seq = *cache->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->Append(seq, 1, &slots).ok());
+  std::vector<uint16_t> kv(2 * 64, 0);
+  kv[5] = codec::FloatToHalf(1.f);
+  ASSERT_TRUE(cache->WriteKV(0, slots, {DType::kFloat16, kv.data(), kv.data(), 1, 2, 64}).ok());
+  std::vector<float> k(kv.size()), v(kv.size());
+  ASSERT_TRUE(cache->ReadKV(seq, 0, absl::MakeSpan(k), absl::MakeSpan(v)).ok());
+  for (size_t i = 0; i < k.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(k[i]) && std::isfinite(v[i])) << i;
+    EXPECT_EQ(k[i] == 0, i != 5) << i;
+  }
+  EXPECT_LE(k[5], 1e-30f);  // saturated near the tiny amax's range
+}
+
 TEST(NonfiniteTest, WriteKVCountsNanAndInf) {
   auto cache = MustCreate(SmallOptions());
   const SequenceId seq = *cache->AddSequence();

@@ -30,6 +30,24 @@ TEST(ParseErrorsTest, LongFormatNamesAreCutInMessages) {
   ExpectInvalid(ParseFormat("k:" + name + ",v:fp16").status(), "(1048576 bytes)");
 }
 
+TEST(ParseErrorsTest, PolicyNamesPathsAndKeysAreCutInMessages) {
+  const std::string name(1 << 20, 'p');
+  for (const absl::Status& s :
+       {PolicyPreset(name).status(), LoadPolicy(name).status(),
+        LoadPolicy("/nonexistent/" + name + ".json").status(),
+        ParsePolicyJson(absl::StrCat("{\"", name, "\": 1, \"", name, "\": 1}")).status()}) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_LT(s.message().size(), 400u) << s.message().substr(0, 200);
+  }
+  const absl::Status nul = PolicyPreset(std::string("a\0b", 3)).status();
+  EXPECT_NE(nul.message().find("a\\x00"), std::string::npos) << nul;
+}
+
+TEST(ParseErrorsTest, APolicyFileIsReadUpToABound) {
+  const absl::Status s = LoadPolicy("/dev/zero").status();  // endless: refused, not read whole
+  ExpectInvalid(s, "is over 1048576 bytes");
+}
+
 TEST(ParseErrorsTest, EmbeddedNulIsEscapedNotACut) {
   const std::string name("fp16\0tail", 9);
   const absl::Status s = ParseFormat(name).status();

@@ -69,8 +69,9 @@ struct Options {
   std::vector<FormatSpec> palette = {FormatSpec{}};
 
   // Absolute maxima, one per layer, that codecs with ScaleScope::kTensor are scaled for: the
-  // scale (real = stored x scale) is amax / 448 for E4M3, amax / 57344 for E5M2, and the NVFP4
-  // second-level decode multiplier is amax / 2688. Empty means uncalibrated: every per-tensor
+  // scale (real = stored x scale) is amax / 448 for E4M3, amax / 57344 for E5M2 (at least
+  // 2^-126, so that its reciprocal is finite), and the NVFP4 second-level decode multiplier is
+  // amax / 2688. Empty means uncalibrated: every per-tensor
   // scale is 1.0, which is right only for data already in range (prefer
   // Cache::CalibrateTensorScales). REQUIRES: empty or num_layers finite positive values.
   std::vector<float> k_tensor_amax;
