@@ -31,6 +31,11 @@ absl::Status CheckDenseTarget(AdapterTarget target) {
                                  "FlashAttention-3 and vLLM do)"));
 }
 
+// Bounds on caller counts that size the outputs (far above any batch: 2^24 rows or tokens, a
+// 1 GiB block table), so that a wrong count is refused, not allocated.
+constexpr int64_t kMaxRows = int64_t{1} << 24;
+constexpr uint64_t kMaxTableEntries = uint64_t{1} << 28;
+
 }  // namespace
 
 absl::StatusOr<std::vector<BlockTablePart>> BuildBlockTableParts(
@@ -47,6 +52,11 @@ absl::StatusOr<std::vector<BlockTablePart>> BuildBlockTableParts(
               " that a sequence holds"));
         }
         t->max_blocks = block_options.max_blocks != 0 ? block_options.max_blocks : needed;
+        if (static_cast<uint64_t>(part.rows()) * t->max_blocks > kMaxTableEntries) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              part.rows(), " rows x max_blocks ", t->max_blocks, " is over the ",
+              kMaxTableEntries, " entries a block table may hold"));
+        }
         t->block_table.assign(static_cast<size_t>(part.rows()) * t->max_blocks,
                               block_options.pad_value);
         for (int64_t r = 0; r < part.rows(); ++r) {
@@ -87,7 +97,9 @@ absl::StatusOr<Fa3Descales> GetFa3Descales(const Cache& cache, int32_t format, i
         "format ", FormatName(p.format), " has no scale: FlashAttention-3 descales exist only for "
         "fp8_e4m3/tensor"));
   }
-  if (rows < 0) return absl::InvalidArgumentError("rows < 0");
+  if (rows < 0 || rows > kMaxRows) {
+    return absl::InvalidArgumentError(absl::StrCat("rows ", rows, " is outside 0..", kMaxRows));
+  }
   const size_t n = static_cast<size_t>(rows) * p.geometry.num_kv_heads;
   return Fa3Descales{std::vector<float>(n, p.pool.k_tensor_scale),
                      std::vector<float>(n, p.pool.v_tensor_scale)};
@@ -101,6 +113,10 @@ absl::StatusOr<std::vector<int64_t>> VllmSlotMapping(const Cache& cache,
   KVTIER_RETURN_IF_ERROR(CheckReadable(AdapterTarget::kVllm, o.palette[0], o.geometry));
   KVTIER_ASSIGN_OR_RETURN(const PoolInfo pool, cache.GetPool(0, 0));
   const int64_t limit = pool.capacity_pages * o.geometry.block_tokens;
+  if (padded_size > kMaxRows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("padded_size ", padded_size, " is over ", kMaxRows, " tokens"));
+  }
   if (padded_size != 0 && padded_size < static_cast<int64_t>(slots.size())) {
     return absl::InvalidArgumentError(absl::StrCat("padded_size ", padded_size, " is below the ",
                                                    slots.size(), " slots"));

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/merge_states.h"
+#include "src/size_check.h"
 #include "src/status_macros.h"
 
 namespace kvtier {
@@ -25,7 +26,8 @@ namespace {
 absl::Status CheckPart(const PartialState& part, size_t p, int64_t batch, int32_t num_q_heads,
                        size_t row_out) {
   const size_t rows = part.batch_index.size();
-  if (part.out.size() != rows * row_out || part.lse.size() != rows * num_q_heads) {
+  if (!HoldsExactly(part.out.size(), rows, row_out) ||
+      !HoldsExactly(part.lse.size(), rows, static_cast<uint64_t>(num_q_heads))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "part ", p, ": ", rows, " rows need ", rows * row_out, " outputs and ",
         rows * num_q_heads, " LSEs; got ", part.out.size(), " and ", part.lse.size()));
@@ -47,8 +49,9 @@ absl::Status MergePartialStates(absl::Span<const PartialState> parts, int64_t ba
                                 int32_t num_q_heads, int32_t head_dim, absl::Span<float> out,
                                 absl::Span<float> lse) {
   if (batch < 0 || num_q_heads < 1 || head_dim < 1 ||
-      out.size() != static_cast<size_t>(batch) * num_q_heads * head_dim ||
-      lse.size() != static_cast<size_t>(batch) * num_q_heads) {
+      !HoldsExactly(out.size(), static_cast<uint64_t>(batch),
+                    static_cast<uint64_t>(num_q_heads) * head_dim) ||
+      !HoldsExactly(lse.size(), static_cast<uint64_t>(batch), static_cast<uint64_t>(num_q_heads))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MergePartialStates: out holds ", out.size(), " and lse ", lse.size(), " floats for batch ",
         batch, " x ", num_q_heads, " heads x head_dim ", head_dim));

@@ -27,14 +27,18 @@ absl::StatusOr<std::vector<FormatPart>> PartitionByFormat(const Options& options
           "format ", f, "'s page table has ", t.indptr.size(), " indptr and ",
           t.last_page_len.size(), " last_page_len entries for ", batch, " sequences"));
     }
+    // The whole indptr before any entry is read: a row's end past indices may come before the
+    // row whose end falls back.
+    for (int64_t b = 0; b < batch; ++b) {
+      if (t.indptr[b + 1] < t.indptr[b]) {
+        return absl::InvalidArgumentError(absl::StrCat("format ", f, ": indptr decreases at ", b));
+      }
+    }
     FormatPart part;
     part.format = static_cast<int32_t>(f);
     part.indptr.push_back(0);
     for (int64_t b = 0; b < batch; ++b) {
       const int32_t begin = t.indptr[b], end = t.indptr[b + 1];
-      if (end < begin) {
-        return absl::InvalidArgumentError(absl::StrCat("format ", f, ": indptr decreases at ", b));
-      }
       if (end == begin) continue;
       const int32_t last = t.last_page_len[b];
       if (last < 1 || last > s) {

@@ -249,6 +249,10 @@ void BlockPool::Unpin(uint32_t block) {
 bool BlockPool::Publish(uint32_t block, uint64_t hash, uint64_t parent_hash, uint64_t extra_key,
                         absl::Span<const int32_t> tokens) {
   const uint32_t parent = parent_hash == kRootParentHash ? kNone : index_.Find(parent_hash);
+  // A block whose parent is not indexed (this sequence's copy of it was private, and the indexed
+  // one has gone since) stays private: matching walks from the root and could not reach it, and
+  // routers would drop a block stored under a parent they no longer hold.
+  if (parent_hash != kRootParentHash && parent == kNone) return false;
   // Children of offloaded blocks are offloaded too (a prefix hit brings a chain back from its
   // root), so a block computed again over an offloaded prefix stays private.
   if (parent != kNone && blocks_[parent].state == BlockState::kOffloaded) return false;

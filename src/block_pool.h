@@ -60,6 +60,9 @@ class BlockPool {
   // every evictable block could not make room (not counted: CacheImpl::CountRefusal counts the
   // refusals a caller sees, not those the cache absorbs).
   absl::Status EnsureFreePages(int format, uint32_t count, bool may_evict = true);
+  // Pages of `format` that evicting every evictable cached block and reclaiming every retired
+  // page would make allocatable (exact). Cost: O(blocks + mapped pages).
+  uint64_t RoomAfterEvictingAll(int format) const;
 
   // A new in-use block with one reference and a page of `format`, born at `now_ms`.
   // REQUIRES: EnsureFreePages(format, 1) passed.
@@ -175,9 +178,6 @@ class BlockPool {
   // above a pinned one) would give the host tier room for a page of `format`. O(blocks + mapped
   // host pages).
   bool HostRoomAfterDroppingAll(int format) const;
-  // Pages of `format` that evicting every evictable cached block and reclaiming every retired
-  // page would make allocatable (exact).
-  uint64_t RoomAfterEvictingAll(int format) const;
   // Whether evicting every evictable block could give each format f of `pages_by_format`
   // (indexed by format) its count of pages at once. Sufficient, not exact: a slab is counted
   // for its format's fewest pages per slab.

@@ -210,8 +210,11 @@ void CacheImpl::DrainDemoteQueue(int format) {
   while (done < queue.size()) {
     // Decided on the room once every retired page is back, so that every backend evicts alike.
     if (pages_->RoomFor(format, /*after_reclaim=*/true) == 0) {
-      const uint32_t left = static_cast<uint32_t>(queue.size() - done);
-      if (!pool_.EnsureFreePages(format, left, /*may_evict=*/true).ok()) break;
+      // Room for as much of the queue as evicting could give (asking for all of it would be
+      // refused whenever the queue is longer, and nothing would ever move).
+      const uint32_t wanted = static_cast<uint32_t>(
+          std::min<uint64_t>(queue.size() - done, pool_.RoomAfterEvictingAll(format)));
+      if (wanted == 0 || !pool_.EnsureFreePages(format, wanted, /*may_evict=*/true).ok()) break;
       drop_stale(done);  // queued blocks that were cached may have gone
     }
     const size_t chunk = std::min<uint64_t>(queue.size() - done, pages_->RoomFor(format));

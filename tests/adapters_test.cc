@@ -420,11 +420,38 @@ TEST(AdaptersTest, SlotMappingAndDescales) {
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(mapping[i], i < 5 ? slots[i] : -1);
   EXPECT_FALSE(VllmSlotMapping(*cache, slots, 3).ok());
   EXPECT_FALSE(VllmSlotMapping(*cache, {int64_t{1} << 40}).ok());
+  // Counts that would size the output past reason are refused, not allocated (they threw).
+  EXPECT_EQ(VllmSlotMapping(*cache, slots, int64_t{1} << 61).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetFa3Descales(*cache, 0, 1, int64_t{1} << 40).status().code(),
+            absl::StatusCode::kInvalidArgument);
   const Fa3Descales ds = *GetFa3Descales(*cache, 0, 1, 3);
   const PoolInfo pool = *cache->GetPool(0, 1);
   EXPECT_EQ(ds.k_descale, std::vector<float>(3 * kHeads, pool.k_tensor_scale));
   EXPECT_EQ(ds.v_descale, std::vector<float>(3 * kHeads, pool.v_tensor_scale));
   EXPECT_FLOAT_EQ(pool.k_tensor_scale, 12.f / 448);
+}
+
+// Tables and counts built by hand: refused before an entry is read or an output sized from them.
+TEST(AdaptersTest, HandBuiltTablesAndCountsAreRefusedBeforeUse) {
+  Batch b = MakeMixedBatch({"fp16", "fp8_e4m3/tensor"});
+  PageTables bad = b.tables;
+  FormatPageTable& t = bad.per_format[0];
+  // Row 0 ends 1000 entries past indices; row 1's end falls back to the true total.
+  t.indptr[1] = static_cast<int32_t>(t.indices.size()) + 1000;
+  EXPECT_EQ(BuildFlashInferParts(b.cache->options(), bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildBlockTableParts(AdapterTarget::kVllm, b.cache->options(), b.tables,
+                                 {/*max_blocks=*/INT32_MAX, 0})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // rows x 2^31 entries were allocated
+  // A batch whose out and lse sizes wrap to 0 (2^61 x 8 heads x head_dim 1).
+  std::vector<float> none;
+  EXPECT_EQ(MergePartialStates({}, int64_t{1} << 61, 8, 1, absl::MakeSpan(none),
+                               absl::MakeSpan(none))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(AdaptersTest, TensorRtLlmRefusesDistinctKAndVScales) {

@@ -61,6 +61,10 @@ void Apply(const Event& e, TierView* view) {
   switch (e.kind) {
     case Kind::kStored:
       ASSERT_EQ(tier.count(e.hash), 0u) << "stored twice in " << MediumName(e.medium);
+      // A router drops a block whose parent it does not hold (Dynamo: ParentBlockNotFound).
+      ASSERT_TRUE(e.parent == kRootParentHash || (*view)[Medium::kDevice].count(e.parent) != 0 ||
+                  (*view)[Medium::kHost].count(e.parent) != 0)
+          << "stored with a parent held in no tier";
       tier[e.hash] = 0;
       break;
     case Kind::kRemoved:
@@ -170,6 +174,28 @@ TEST_F(BlockEventsTest, EvictionWithoutAHostTierRemovesFromTheDevice) {
   TierView view;
   for (const Event& e : *log_) Apply(e, &view);
   EXPECT_EQ(view, ViewOf(*cache_));
+}
+
+// A sequence whose own copy of a block is private (another sequence indexed it first), and
+// that block's indexed twin is evicted: the sequence's next block is not stored under a parent
+// the routers were told is gone (it stays private, as matching could not reach it either).
+TEST_F(BlockEventsTest, ABlockWhoseParentIsGoneIsNotStored) {
+  Create(EventOptions(false));  // 512 device blocks
+  const std::vector<int32_t> t = Tokens(32, 5);
+  const std::vector<int32_t> first(t.begin(), t.begin() + 16), second(t.begin() + 16, t.end());
+  const SequenceId a = Compute(first);
+  const SequenceId b = Compute(first);  // a private copy
+  ASSERT_TRUE(cache_->Release(a).ok());
+  for (int i = 1; i < 8 && cache_->GetStats().evicted_blocks == 0; ++i) {
+    ASSERT_TRUE(cache_->Release(Compute(Tokens(16 * 400, 1000000 * i))).ok());
+  }
+  ASSERT_GT(cache_->GetStats().evicted_blocks, 0);
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->AppendTokens(b, second, &slots).ok());
+  TierView view;
+  for (const Event& e : *log_) Apply(e, &view);
+  EXPECT_EQ(view, ViewOf(*cache_));
+  EXPECT_TRUE(cache_->CheckConsistency().ok()) << cache_->CheckConsistency();
 }
 
 TEST_F(BlockEventsTest, OffloadAndOnloadMoveBlocksBetweenTheTiers) {

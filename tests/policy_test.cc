@@ -1,6 +1,7 @@
 // Precision policies: parsing, presets, and aging through EndStep on the CPU backend.
 #include "kvtier/policy.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <vector>
@@ -332,18 +333,26 @@ Policy TwoTiers() {
   return p;
 }
 
+// A sequence with token ids, grown 1024 tokens a step until a policy demotion finds no room:
+// the colder pool is full of its blocks.
+SequenceId GrowUntilADemotionFails(Cache& cache) {
+  const SequenceId x = *cache.AddSequence();
+  std::vector<int64_t> slots;
+  std::vector<int32_t> tokens(1024);
+  for (int round = 0; cache.GetStats().policy_demotion_failures == 0 && round < 20; ++round) {
+    for (int i = 0; i < 1024; ++i) tokens[i] = round * 1024 + i;
+    EXPECT_TRUE(cache.AppendTokens(x, tokens, &slots).ok());
+    EXPECT_TRUE(cache.EndStep().ok());
+  }
+  EXPECT_GT(cache.GetStats().policy_demotion_failures, 0);
+  return x;
+}
+
 // A policy demotion into a pool full of cached blocks evicts some: blocks in use come first.
 TEST(PolicyAgingTest, DemotionEvictsCachedBlocksWhenTheColderPoolIsFull) {
   auto cache = PolicyCache(TwoTiers(), /*slabs=*/2);  // one FP16 and one FP8 slab at most
-  const SequenceId x = *cache->AddSequence();
   std::vector<int64_t> slots;
-  std::vector<int32_t> tokens(1024);
-  for (int round = 0; cache->GetStats().policy_demotion_failures == 0; ++round) {
-    ASSERT_LT(round, 20);
-    for (int i = 0; i < 1024; ++i) tokens[i] = round * 1024 + i;
-    ASSERT_TRUE(cache->AppendTokens(x, tokens, &slots).ok());
-    ASSERT_TRUE(cache->EndStep().ok());
-  }
+  const SequenceId x = GrowUntilADemotionFails(*cache);
   // A demotion left queued refuses no call: it is not an allocation failure.
   EXPECT_EQ(cache->GetStats().allocation_failures, 0);
   ASSERT_TRUE(cache->Release(x).ok());  // the FP8 slab is full of cached blocks
@@ -355,6 +364,33 @@ TEST(PolicyAgingTest, DemotionEvictsCachedBlocksWhenTheColderPoolIsFull) {
   ASSERT_TRUE(cache->EndStep().ok());
   EXPECT_EQ(Formats(*cache, y), (std::vector<int>{1, 1, 1, 0}));
   EXPECT_GT(cache->GetStats().evicted_blocks, s.evicted_blocks);
+  EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
+}
+
+// A demotion queue longer than evicting every cached block could make room for moves what it
+// can: asking for the whole queue was refused, and nothing ever moved.
+TEST(PolicyAgingTest, DemotionMovesWhatEvictionCanMakeRoomFor) {
+  auto cache = PolicyCache(TwoTiers(), /*slabs=*/2);  // one FP16 and one FP8 slab at most
+  std::vector<int64_t> slots;
+  const SequenceId x = GrowUntilADemotionFails(*cache);
+  ASSERT_TRUE(cache->Release(x).ok());  // the FP8 slab is full of cached blocks
+  // A sequence in use takes the FP8 slab's pages a block a step, until 8 cached ones are left.
+  const SequenceId z = *cache->AddSequence();
+  for (int step = 0; cache->GetStats().formats[1].blocks_cached > 8; ++step) {
+    ASSERT_LT(step, 2000);
+    ASSERT_TRUE(cache->Append(z, 16, &slots).ok());
+    ASSERT_TRUE(cache->EndStep().ok());
+  }
+  const CacheStats before = cache->GetStats();
+  ASSERT_EQ(before.formats[1].blocks_cached, 8);
+  ASSERT_EQ(before.formats[1].pages_used, before.formats[1].pages_mapped);
+  // 40 blocks age at once: room for 8 of them.
+  const SequenceId y = *cache->AddSequence();
+  ASSERT_TRUE(cache->Append(y, 16 * 41, &slots).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  const std::vector<int> formats = Formats(*cache, y);
+  EXPECT_EQ(std::count(formats.begin(), formats.end(), 1), 8);
+  EXPECT_EQ(cache->GetStats().evicted_blocks, before.evicted_blocks + 8);
   EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
 }
 

@@ -323,6 +323,15 @@ TEST(ReferenceAttentionTest, BadShapesAreInvalidArgument) {
   EXPECT_TRUE(invalid(MergeStates(r.out, r.lse, r.out, r.lse, 3, 32, absl::MakeSpan(r.out),
                                   absl::MakeSpan(r.lse))));
   EXPECT_FALSE(GetPagedLayer(*cache, 1).ok());
+  // Sizes whose products wrap: 4 rows x a stride of 2^62 + 2 is 8 floats mod 2^64, and a
+  // length of 2^57 x 1 head x 128 dims is 0.
+  Results w = MakeResults(1, 4, 32, 2);
+  EXPECT_TRUE(invalid(PagedDecodeAttention(layer, tables, DecodeQueries{q, 4, 1.f},
+                                           w.View((int64_t{1} << 62) + 2))));
+  Results d = MakeResults(1, 1, 128, 0);
+  const std::vector<float> q1(128, 1.f);
+  EXPECT_TRUE(invalid(DenseDecodeAttention({DenseSequence{{}, {}, int64_t{1} << 57}}, 1, 128,
+                                           DecodeQueries{q1, 1, 1.f}, d.View(0))));
 }
 
 }  // namespace

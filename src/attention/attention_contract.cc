@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "src/size_check.h"
 
 namespace kvtier {
 
@@ -143,7 +144,7 @@ absl::Status CheckDecodeSpans(int64_t batch, int32_t num_kv_heads, int32_t head_
   }
   if (!o.logits.empty()) {
     if (o.logits_stride < max_length ||
-        o.logits.size() != rows * static_cast<size_t>(o.logits_stride)) {
+        !HoldsExactly(o.logits.size(), rows, static_cast<uint64_t>(o.logits_stride))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "logits hold ", o.logits.size(), " floats with stride ", o.logits_stride,
           "; need batch x heads x stride with stride >= the longest sequence (", max_length,

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/codec/hadamard.h"
 #include "kernels/page_codec.h"
+#include "src/size_check.h"
 
 namespace kvtier {
 namespace {
@@ -203,9 +204,11 @@ absl::Status DenseDecodeAttention(absl::Span<const DenseSequence> seqs, int32_t 
   std::vector<int64_t> lengths(batch);
   int64_t max_length = 0;
   for (int64_t b = 0; b < batch; ++b) {
-    const size_t want = static_cast<size_t>(std::max<int64_t>(seqs[b].length, 0)) *
-                        std::max(num_kv_heads, 0) * std::max(head_dim, 0);
-    if (seqs[b].length < 0 || seqs[b].k.size() != want || seqs[b].v.size() != want) {
+    const uint64_t row = static_cast<uint64_t>(std::max(num_kv_heads, 0)) * std::max(head_dim, 0);
+    const uint64_t length = static_cast<uint64_t>(std::max<int64_t>(seqs[b].length, 0));
+    const uint64_t want = length * row;  // named in the message only: checked by division
+    if (seqs[b].length < 0 || !HoldsExactly(seqs[b].k.size(), length, row) ||
+        !HoldsExactly(seqs[b].v.size(), length, row)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sequence ", b, ": K holds ", seqs[b].k.size(), " and V ", seqs[b].v.size(),
           " floats; length ", seqs[b].length, " x ", num_kv_heads, " heads x ", head_dim,

@@ -21,7 +21,7 @@ namespace kvtier {
 
 struct BlockTableOptions {
   // Columns of block_table. 0: the most pages any row of the part has. REQUIRES: 0 or at least
-  // that. Default: 0.
+  // that, and rows x max_blocks at most 2^28 (a 1 GiB table). Default: 0.
   int32_t max_blocks = 0;
   // Entries past a row's pages. The kernels never read them (they stop at the row's length);
   // 0 keeps any address computed from one at the pool's first page. Default: 0.
@@ -60,7 +60,8 @@ KVTIER_EXPORT absl::StatusOr<BlockTableLayer> GetBlockTableLayer(AdapterTarget t
                                                                  int32_t format, int32_t layer);
 
 // FA3's k_descale / v_descale, float32 [rows, num_kv_heads]: only per-tensor FP8 maps (every
-// entry is the layer's tensor scale). InvalidArgument for other formats.
+// entry is the layer's tensor scale). InvalidArgument for other formats, or rows outside
+// 0..2^24.
 struct Fa3Descales {
   std::vector<float> k_descale;
   std::vector<float> v_descale;
@@ -71,7 +72,7 @@ KVTIER_EXPORT absl::StatusOr<Fa3Descales> GetFa3Descales(const Cache& cache, int
 // vLLM's slot_mapping (int64, block x S + offset, -1 skips) for new tokens: `slots` as returned
 // by Cache::Append (already in this form, in the hot format's pools), padded with -1 to
 // `padded_size` (0: no padding). InvalidArgument when the hot format is not readable by vLLM, a
-// slot is outside the hot pools, or padded_size is below slots.size().
+// slot is outside the hot pools, or padded_size is below slots.size() or over 2^24.
 KVTIER_EXPORT absl::StatusOr<std::vector<int64_t>> VllmSlotMapping(const Cache& cache,
                                                                    absl::Span<const int64_t> slots,
                                                                    int64_t padded_size = 0);
