@@ -90,21 +90,20 @@ bool BlockPool::HostRoomAfterDroppingAll(int format) const {
       gone[p] = false;
     }
   }
-  const std::vector<Freeable> freeable = FreeableWithout(*host_, gone);
-  uint64_t slabs = host_->free_slabs();
-  for (int g = 0; g < host_->num_formats(); ++g) {
+  return RoomIn(*host_, FreeableWithout(*host_, gone), format) > 0;
+}
+
+uint64_t BlockPool::RoomIn(const PageStore& store, const std::vector<Freeable>& freeable,
+                           int format) {
+  uint64_t slabs = store.free_slabs();  // and every other format's slabs that would empty
+  for (int g = 0; g < store.num_formats(); ++g) {
     if (g != format) slabs += freeable[g].whole_slabs;
   }
-  return freeable[format].pages > 0 || slabs > 0;
+  return freeable[format].pages + slabs * store.pool(format).MinPagesPerSlot();
 }
 
 uint64_t BlockPool::RoomAfterEvictingAll(int format) const {
-  const std::vector<Freeable> freeable = FreeableAfterEvictingAll();
-  uint64_t slabs = pages_->free_slabs();
-  for (int g = 0; g < pages_->num_formats(); ++g) {
-    if (g != format) slabs += freeable[g].whole_slabs;
-  }
-  return freeable[format].pages + slabs * pages_->pool(format).MinPagesPerSlot();
+  return RoomIn(*pages_, FreeableAfterEvictingAll(), format);
 }
 
 bool BlockPool::RoomForAllAfterEvictingAll(absl::Span<const uint32_t> pages_by_format) const {

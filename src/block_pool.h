@@ -171,6 +171,11 @@ class BlockPool {
   // reclaimed. Cost: O(mapped pages).
   static std::vector<Freeable> FreeableWithout(const PageStore& store,
                                                const std::vector<bool>& gone);
+  // Pages of `format` that `store` could allocate once `freeable` (per format) were free: those
+  // in its own slabs, and a slab's worth for each free slab or other format's slab that would
+  // empty.
+  static uint64_t RoomIn(const PageStore& store, const std::vector<Freeable>& freeable,
+                         int format);
   // Per format of the device, once every evictable cached block were evicted. Cost: O(blocks +
   // mapped pages); only on the way to eviction.
   std::vector<Freeable> FreeableAfterEvictingAll() const;

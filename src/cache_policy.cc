@@ -47,13 +47,12 @@ absl::Status CacheImpl::SetPolicy(const Policy& policy) {
   policy_ = std::move(active);
   // Every live sequence is considered again from its first block at the next step under the new
   // rules, with its sharers' votes counted afresh; demotions the old rules queued are dropped.
-  for (uint32_t i = 0; i < sequences_.num_slots(); ++i) {
-    const uint32_t generation = sequences_.slot(i).generation;
-    if (generation != 0) sequences_.Find({i, generation})->tier_cursor.fill(0);
+  MarkAllDirty();
+  for (SequenceId id : dirty_) {
+    if (Sequence* seq = sequences_.Find(id)) seq->tier_cursor.fill(0);
   }
   for (uint32_t b = 0; b < pool_.blocks().capacity(); ++b) pool_[b].votes = 0;
   for (std::vector<BlockId>& queue : demote_queue_) queue.clear();
-  MarkAllDirty();
   return absl::OkStatus();
 }
 

@@ -232,17 +232,23 @@ def test_admission_keeps_a_reserve_for_the_policy(model):
         assert all(len(engine.results[r].tokens) == 4 for r in ids)
 
 
-def test_a_request_that_fails_alone_leaves_the_queue_moving(model):
-    class TightKV(KvtierKV):  # a cache that cannot take a prefill of over 100 tokens
+def refusing_engine(model, refuses):
+    """An engine on a kvtier cache whose appends raise MemoryError when refuses(counts)."""
+    class RefusingKV(KvtierKV):
         def append(self, hs, counts, tokens):
-            if counts[0] > 100:
+            if refuses(counts):
                 raise MemoryError("the budget cannot hold the new blocks")
             return super().append(hs, counts, tokens)
 
     m = LlamaCompute(model)
     cache = make_cache(model)
     timer = StepTimer()
-    engine = Engine(m, backend=TightKV(cache, m, timer), timer=timer)
+    return Engine(m, backend=RefusingKV(cache, m, timer), timer=timer), cache
+
+
+def test_a_request_that_fails_alone_leaves_the_queue_moving(model):
+    # A cache that cannot take a prefill of over 100 tokens.
+    engine, cache = refusing_engine(model, lambda counts: counts[0] > 100)
     big, small = prompts(system_tokens=0, tails=(150, 20))
     ids = [engine.submit(big, 4), engine.submit(small, 4)]
     engine.step()
@@ -254,16 +260,8 @@ def test_a_request_that_fails_alone_leaves_the_queue_moving(model):
 
 
 def test_a_request_that_cannot_decode_alone_fails_and_the_step_goes_on(model):
-    class NoDecodeKV(KvtierKV):  # a cache with no room for a decode token
-        def append(self, hs, counts, tokens):
-            if counts == [1]:
-                raise MemoryError("the budget cannot hold the new blocks")
-            return super().append(hs, counts, tokens)
-
-    m = LlamaCompute(model)
-    cache = make_cache(model)
-    timer = StepTimer()
-    engine = Engine(m, backend=NoDecodeKV(cache, m, timer), timer=timer)
+    # A cache with no room for a decode token.
+    engine, cache = refusing_engine(model, lambda counts: counts == [1])
     rid = engine.submit(prompts(tails=(4,))[0], 4)
     engine.run()  # one token from the prefill, then the decode step fails it
     req = engine.results[rid]
