@@ -57,8 +57,12 @@ KVTIER_HD float DecodeFp8(ElementType t, uint8_t q) {
   return t == ElementType::kFp8E4M3 ? codec::E4M3ToFloat(q) : codec::E5M2ToFloat(q);
 }
 
-// The FP8 scale for a scope whose finite amax is `amax`: amax / max (0 for an all-zero scope).
-KVTIER_HD float Fp8ScaleFor(ElementType t, float amax) { return amax / Fp8Max(t); }
+// The FP8 scale for a scope whose finite amax is `amax`: amax / max, at least FLT_MIN so that
+// its reciprocal is finite (0 for an all-zero scope).
+KVTIER_HD float Fp8ScaleFor(ElementType t, float amax) {
+  const float scale = amax / Fp8Max(t);
+  return amax > 0.f && scale < FLT_MIN ? FLT_MIN : scale;
+}
 KVTIER_HD float Reciprocal(float s) { return s > 0.f ? 1.f / s : 0.f; }
 
 // The NVFP4 encode multiplier S_enc for a per-tensor second-level decode multiplier.

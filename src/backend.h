@@ -101,7 +101,9 @@ class Backend {
   virtual bool synchronous() const = 0;
   // A fence that passes once all work issued so far has completed.
   virtual absl::StatusOr<uint64_t> RecordFence() = 0;
-  virtual bool FencePassed(uint64_t fence) = 0;
+  // Whether `fence` has passed; the device's error when the work before it failed (it never
+  // passes then).
+  virtual absl::StatusOr<bool> FencePassed(uint64_t fence) = 0;
   // The id that the next RecordFence returns: a fence that passes only once a fence recorded
   // later has passed, so that a caller whose RecordFence failed can still hand out a fence that
   // covers the work issued so far (never one that has passed before that work is done).

@@ -94,7 +94,8 @@ absl::Status CacheImpl::EndStep() {
 
 absl::StatusOr<bool> CacheImpl::FencePassed(uint64_t fence) {
   MutexLock lock(&mu_);
-  return fence == 0 || backend_->FencePassed(fence);
+  if (fence == 0) return true;
+  return backend_->FencePassed(fence);
 }
 
 absl::StatusOr<uint64_t> CacheImpl::RecordFence() {

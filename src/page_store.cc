@@ -231,7 +231,9 @@ absl::Status PageStore::ReclaimAll() {
   if (!backend_->synchronous()) {  // wait for the device so that the pages may be reused at once
     KVTIER_ASSIGN_OR_RETURN(const uint64_t fence, backend_->RecordFence());
     const auto deadline = std::chrono::steady_clock::now() + kFenceWait;
-    while (!backend_->FencePassed(fence)) {
+    while (true) {
+      KVTIER_ASSIGN_OR_RETURN(const bool passed, backend_->FencePassed(fence));
+      if (passed) break;
       if (std::chrono::steady_clock::now() > deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "the device has not finished the work issued before this call after ",
@@ -252,10 +254,15 @@ absl::Status PageStore::EndStep() {
   } else {
     KVTIER_ASSIGN_OR_RETURN(const uint64_t fence, backend_->RecordFence());
     reclaim_.CloseStep(fence);
+    absl::Status device;  // a failed query: the device's error
+    const auto passed = [&](uint64_t f) {
+      absl::StatusOr<bool> p = backend_->FencePassed(f);
+      device.Update(p.status());
+      return p.value_or(false);
+    };
     ReclaimQueue::Entry e;
-    while (reclaim_.PopPassed([this](uint64_t f) { return backend_->FencePassed(f); }, &e)) {
-      pools_[e.format].Free(e.page);
-    }
+    while (reclaim_.PopPassed(passed, &e)) pools_[e.format].Free(e.page);
+    KVTIER_RETURN_IF_ERROR(device);
   }
   return ReturnEmptySlabs();
 }

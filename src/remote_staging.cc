@@ -63,7 +63,10 @@ absl::Status RemoteStaging::Drain() {
     absl::StatusOr<uint64_t> fence = backend_->RecordFence();
     if (!fence.ok()) return fence.status();
     const auto deadline = std::chrono::steady_clock::now() + kFenceWait;
-    while (!backend_->FencePassed(*fence)) {
+    while (true) {
+      absl::StatusOr<bool> passed = backend_->FencePassed(*fence);
+      if (!passed.ok()) return passed.status();
+      if (*passed) break;
       if (std::chrono::steady_clock::now() > deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "the device has not finished the remote tier's staging copies after ",

@@ -2,6 +2,7 @@
 // and non-finite input counting, through the public API on the CPU backend.
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -243,6 +244,40 @@ TEST(CalibrationTest, ATinyPerTensorAmaxKeepsZerosZero) {
     EXPECT_EQ(k[i] == 0, i != 5) << i;
   }
   EXPECT_LE(k[5], 1e-30f);  // saturated near the tiny amax's range
+}
+
+// Per-row and per-block FP8 scales of rows and blocks whose largest magnitude is below
+// 448 x 2^-126 are 2^-126, so their reciprocal is finite: zeros stay zeros (0 x inf made them
+// NaN) and tiny values decode as at most the scale's range. Written (per-token scales) and
+// demoted from BF16 (every scope); the device codec is the same code.
+TEST(CalibrationTest, TinyRowsAndBlocksKeepZerosZero) {
+  for (const char* format : {"fp8_e4m3/token_head", "fp8_e4m3/block_head", "fp8_e5m2/block_head"}) {
+    for (const bool demoted : {false, true}) {
+      if (!demoted && std::string(format).find("block") != std::string::npos) continue;
+      SCOPED_TRACE(::testing::Message() << format << (demoted ? " demoted" : " written"));
+      Options o = SmallOptions();
+      o.palette = {*ParseFormat(demoted ? "bf16" : format)};
+      if (demoted) o.palette.push_back(*ParseFormat(format));
+      auto cache = MustCreate(o);
+      const SequenceId seq = *cache->AddSequence();
+      std::vector<int64_t> slots;
+      ASSERT_TRUE(cache->Append(seq, 16, &slots).ok());  // one full block
+      std::vector<uint16_t> kv(16 * 2 * 64, 0);
+      for (size_t i = 5; i < kv.size(); i += 128) kv[i] = 0x0100;  // BF16 2^-125, head 0
+      for (int l = 0; l < 2; ++l) {
+        ASSERT_TRUE(cache->WriteKV(l, slots, {DType::kBFloat16, kv.data(), kv.data(), 16, 2, 64}).ok());
+      }
+      if (demoted) ASSERT_TRUE(cache->Demote(FullBlocks(*cache, seq), 1).ok());
+      std::vector<float> k(kv.size()), v(kv.size());
+      ASSERT_TRUE(cache->ReadKV(seq, 0, absl::MakeSpan(k), absl::MakeSpan(v)).ok());
+      for (size_t i = 0; i < k.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(k[i]) && std::isfinite(v[i])) << i;
+        if (kv[i] == 0) ASSERT_EQ(k[i], 0.f) << i;
+        ASSERT_GE(k[i], 0.f) << i;
+        ASSERT_LE(k[i], 1e-30f) << i;
+      }
+    }
+  }
 }
 
 TEST(NonfiniteTest, WriteKVCountsNanAndInf) {

@@ -35,6 +35,8 @@ struct Faults {
   // Report an asynchronous backend, whose fences pass only when `fences_pass` is set.
   bool asynchronous = false;
   bool fences_pass = true;
+  // FencePassed reports a device error, as the CUDA backend does after a fault on its stream.
+  bool fail_fence_query = false;
   // Calls that failed because of a fault above.
   int64_t injected = 0;
   // Calls made (whether they failed or not).
@@ -110,7 +112,10 @@ class FaultBackend final : public Backend {
     return ++fences_;
   }
   // As on a GPU, a fence not recorded yet has not passed.
-  bool FencePassed(uint64_t fence) override { return faults_->fences_pass && fence <= fences_; }
+  absl::StatusOr<bool> FencePassed(uint64_t fence) override {
+    if (faults_->fail_fence_query) return Injected("FencePassed");
+    return faults_->fences_pass && fence <= fences_;
+  }
   uint64_t NextFence() const override { return fences_ + 1; }
 
  private:

@@ -1,6 +1,7 @@
 // Backend faults injected under a cache (tests/fault_backend.h): slab mapping, allocation
 // mid-demotion, mid-append and after a fork, the data plane, fences that never pass. Each
 // answers a clear Status, loses no K/V already written, and leaves CheckConsistency passing.
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -283,6 +284,42 @@ TEST_F(FaultInjectionTest, FenceThatNeverPasses) {
   EXPECT_TRUE(more.empty());
   ExpectHealthy();
   faults_->fences_pass = true;
+  EXPECT_TRUE(cache_->Append(next, 16 * 100, &more).ok());
+  ASSERT_TRUE(cache_->EndStep().ok());
+  EXPECT_EQ(cache_->GetStats().pages_pending_reclaim, 0);
+  ExpectHealthy();
+}
+
+// A device fault behind a fence (the CUDA backend's event query fails): the fence reports the
+// device's error, at once, to Cache::FencePassed, to the eviction that waits for pending pages
+// and to EndStep, instead of not passing until a deadline (or forever); nothing is freed under
+// the failed work.
+TEST_F(FaultInjectionTest, FenceQueryErrorIsReportedNotWaitedFor) {
+  Create(SmallOptions(1));  // 256 blocks
+  faults_->asynchronous = true;
+  faults_->fences_pass = false;
+  const SequenceId released = *cache_->AddSequence();
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->Append(released, 16 * 240, &slots).ok());
+  ASSERT_TRUE(cache_->Release(released).ok());  // 240 pages pending behind a fence
+  ASSERT_TRUE(cache_->EndStep().ok());
+  const uint64_t fence = *cache_->RecordFence();
+  faults_->fail_fence_query = true;
+  const absl::StatusOr<bool> passed = cache_->FencePassed(fence);
+  EXPECT_EQ(passed.status().code(), absl::StatusCode::kInternal) << passed.status();
+  const SequenceId next = *cache_->AddSequence();
+  std::vector<int64_t> more;
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s = cache_->Append(next, 16 * 100, &more);  // must wait for the pages
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  EXPECT_TRUE(more.empty());
+  EXPECT_EQ(cache_->EndStep().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(cache_->GetStats().pages_pending_reclaim, 240);
+  ExpectHealthy();
+  faults_->fail_fence_query = false;
+  faults_->fences_pass = true;
+  EXPECT_TRUE(*cache_->FencePassed(fence));
   EXPECT_TRUE(cache_->Append(next, 16 * 100, &more).ok());
   ASSERT_TRUE(cache_->EndStep().ok());
   EXPECT_EQ(cache_->GetStats().pages_pending_reclaim, 0);

@@ -139,7 +139,7 @@ class CpuBackend final : public Backend {
 
   bool synchronous() const override { return true; }
   absl::StatusOr<uint64_t> RecordFence() override { return ++fences_; }
-  bool FencePassed(uint64_t) override { return true; }
+  absl::StatusOr<bool> FencePassed(uint64_t) override { return true; }
   uint64_t NextFence() const override { return fences_ + 1; }
 
  private:

@@ -24,20 +24,20 @@ FastCodecCheck RunSelfCheck(cudaStream_t stream) {
   unsigned long long* counts = nullptr;
   unsigned int* first = nullptr;
   constexpr int n = gpu::kSelfCheckCounters;
-  if (cudaMalloc(reinterpret_cast<void**>(&counts), n * sizeof(*counts)) != cudaSuccess ||
-      cudaMalloc(reinterpret_cast<void**>(&first), n * sizeof(*first)) != cudaSuccess ||
-      cudaMemsetAsync(counts, 0, n * sizeof(*counts), stream) != cudaSuccess ||
-      cudaMemsetAsync(first, 0xFF, n * sizeof(*first), stream) != cudaSuccess ||
-      gpu::LaunchFastCodecSelfCheck(counts, first, stream) != cudaSuccess) {
+  if (!CudaSucceeded(cudaMalloc(reinterpret_cast<void**>(&counts), n * sizeof(*counts))) ||
+      !CudaSucceeded(cudaMalloc(reinterpret_cast<void**>(&first), n * sizeof(*first))) ||
+      !CudaSucceeded(cudaMemsetAsync(counts, 0, n * sizeof(*counts), stream)) ||
+      !CudaSucceeded(cudaMemsetAsync(first, 0xFF, n * sizeof(*first), stream)) ||
+      !CudaSucceeded(gpu::LaunchFastCodecSelfCheck(counts, first, stream))) {
     cudaFree(counts);
     cudaFree(first);
     return check;  // not run: the codec paths only
   }
   unsigned long long c[n];
   unsigned int f[n];
-  if (cudaMemcpyAsync(c, counts, sizeof(c), cudaMemcpyDeviceToHost, stream) == cudaSuccess &&
-      cudaMemcpyAsync(f, first, sizeof(f), cudaMemcpyDeviceToHost, stream) == cudaSuccess &&
-      cudaStreamSynchronize(stream) == cudaSuccess) {
+  if (CudaSucceeded(cudaMemcpyAsync(c, counts, sizeof(c), cudaMemcpyDeviceToHost, stream)) &&
+      CudaSucceeded(cudaMemcpyAsync(f, first, sizeof(f), cudaMemcpyDeviceToHost, stream)) &&
+      CudaSucceeded(cudaStreamSynchronize(stream))) {
     check.ran = true;
     check.passed = true;
     for (int i = 0; i < n; ++i) {
@@ -61,6 +61,11 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend() {
 FastCodecCheck CudaBackend::fast_codec_check() { return g_check; }
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create() {
+  KVTIER_ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
+  return CreateWithDriver(api);
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateWithDriver(const DriverApi* api) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -69,7 +74,6 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create() {
         e != cudaSuccess ? absl::StrCat(cudaGetErrorName(e), " (", cudaGetErrorString(e), ")")
                          : std::string("0 devices")));
   }
-  KVTIER_ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
   int device = 0;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   int major = 0, minor = 0, vmm = 0;
@@ -150,11 +154,8 @@ absl::Status CudaBackend::Init() {
 
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  RetireUnmaps(/*wait=*/true).IgnoreError();
-  for (const auto& [addr, m] : mapped_) {
-    api_->cuMemUnmap(static_cast<CUdeviceptr>(addr), m.bytes);
-    api_->cuMemRelease(m.handle);
-  }
+  RetireUnmaps(/*wait=*/true);
+  for (const auto& [addr, m] : mapped_) UnmapSlab(addr, m);
   for (const Mapping& m : free_handles_) api_->cuMemRelease(m.handle);
   for (const Fence& f : fences_) cudaEventDestroy(f.done);
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
@@ -190,20 +191,28 @@ absl::StatusOr<cudaEvent_t> CudaBackend::NewEvent() {
 void CudaBackend::RecycleEvent(cudaEvent_t e) { free_events_.push_back(e); }
 
 absl::StatusOr<CUmemGenericAllocationHandle> CudaBackend::NewHandle(size_t bytes) {
-  for (size_t i = 0; i < free_handles_.size(); ++i) {
-    if (free_handles_[i].bytes == bytes) {
-      const CUmemGenericAllocationHandle h = free_handles_[i].handle;
-      free_handles_.erase(free_handles_.begin() + static_cast<ptrdiff_t>(i));
-      return h;
+  for (bool waited = false;; waited = true) {
+    for (size_t i = 0; i < free_handles_.size(); ++i) {
+      if (free_handles_[i].bytes == bytes) {
+        const CUmemGenericAllocationHandle h = free_handles_[i].handle;
+        free_handles_.erase(free_handles_.begin() + static_cast<ptrdiff_t>(i));
+        return h;
+      }
     }
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device_;
+    CUmemGenericAllocationHandle h = 0;
+    const CUresult r = api_->cuMemCreate(&h, bytes, &prop, 0);
+    if (r == CUDA_SUCCESS) return h;
+    if (r != CUDA_ERROR_OUT_OF_MEMORY || waited || pending_unmaps_.empty()) {
+      return DriverStatus(r, "cuMemCreate");
+    }
+    // Slabs unmapped earlier hold their memory until their work has completed.
+    RetireUnmaps(/*wait=*/true);
+    KVTIER_RETURN_IF_ERROR(sticky_);
   }
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device_;
-  CUmemGenericAllocationHandle h = 0;
-  KVTIER_CU_RETURN_IF_ERROR(api_->cuMemCreate(&h, bytes, &prop, 0));
-  return h;
 }
 
 void CudaBackend::RecycleHandle(const Mapping& m) {
@@ -214,8 +223,20 @@ void CudaBackend::RecycleHandle(const Mapping& m) {
   }
 }
 
-absl::Status CudaBackend::RetireUnmaps(bool wait, uintptr_t lo, uintptr_t hi) {
-  absl::Status status;
+void CudaBackend::UnmapSlab(uintptr_t addr, const Mapping& m) {
+  const absl::Status s = DriverStatus(api_->cuMemUnmap(static_cast<CUdeviceptr>(addr), m.bytes),
+                                      "cuMemUnmap");
+  if (s.ok()) {
+    RecycleHandle(m);
+    return;
+  }
+  // Still mapped here: mapping it elsewhere too would alias two slabs. The driver frees the
+  // allocation once nothing maps it.
+  sticky_.Update(s);
+  sticky_.Update(DriverStatus(api_->cuMemRelease(m.handle), "cuMemRelease"));
+}
+
+void CudaBackend::RetireUnmaps(bool wait, uintptr_t lo, uintptr_t hi) {
   size_t kept = 0;
   for (size_t i = 0; i < pending_unmaps_.size(); ++i) {
     PendingUnmap& p = pending_unmaps_[i];
@@ -227,20 +248,17 @@ absl::Status CudaBackend::RetireUnmaps(bool wait, uintptr_t lo, uintptr_t hi) {
       if (e == cudaSuccess) {
         done = true;
       } else if (e != cudaErrorNotReady) {
-        status.Update(CudaStatus(e, "cudaEventQuery (deferred unmap)"));
+        sticky_.Update(CudaStatus(e, "cudaEventQuery (deferred unmap)"));
       }
     }
     if (done) {
-      status.Update(DriverStatus(
-          api_->cuMemUnmap(static_cast<CUdeviceptr>(a), p.mapping.bytes), "cuMemUnmap"));
-      RecycleHandle(p.mapping);
+      UnmapSlab(a, p.mapping);
       RecycleEvent(p.done);
     } else {
       pending_unmaps_[kept++] = p;
     }
   }
   pending_unmaps_.resize(kept);
-  return status;
 }
 
 // ---- Address space and slabs ----
@@ -260,16 +278,14 @@ absl::StatusOr<uint8_t*> CudaBackend::Reserve(size_t bytes) {
 void CudaBackend::Unreserve(uint8_t* base, size_t bytes) {
   const uintptr_t lo = reinterpret_cast<uintptr_t>(base);
   const uintptr_t hi = lo + bytes;
-  sticky_.Update(RetireUnmaps(/*wait=*/true, lo, hi));
+  RetireUnmaps(/*wait=*/true, lo, hi);
   bool synced = false;
   for (auto it = mapped_.lower_bound(lo); it != mapped_.end() && it->first < hi;) {
     if (!synced) {
       sticky_.Update(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
       synced = true;
     }
-    sticky_.Update(DriverStatus(
-        api_->cuMemUnmap(static_cast<CUdeviceptr>(it->first), it->second.bytes), "cuMemUnmap"));
-    RecycleHandle(it->second);
+    UnmapSlab(it->first, it->second);
     it = mapped_.erase(it);
   }
   sticky_.Update(DriverStatus(api_->cuMemAddressFree(static_cast<CUdeviceptr>(lo), bytes),
@@ -285,7 +301,8 @@ absl::Status CudaBackend::Map(uint8_t* addr, size_t bytes) {
                                                    granularity_));
   }
   // A slab unmapped here earlier may still be waiting for its work.
-  KVTIER_RETURN_IF_ERROR(RetireUnmaps(/*wait=*/true, a, a + bytes));
+  RetireUnmaps(/*wait=*/true, a, a + bytes);
+  KVTIER_RETURN_IF_ERROR(sticky_);
   KVTIER_ASSIGN_OR_RETURN(const CUmemGenericAllocationHandle handle, NewHandle(bytes));
   const Mapping m{handle, bytes};
   absl::Status s = DriverStatus(api_->cuMemMap(a, bytes, 0, handle, 0), "cuMemMap");
@@ -300,8 +317,7 @@ absl::Status CudaBackend::Map(uint8_t* addr, size_t bytes) {
   s = DriverStatus(api_->cuMemSetAccess(a, bytes, &access, 1), "cuMemSetAccess");
   if (s.ok()) s = CudaStatus(cudaMemsetAsync(addr, 0, bytes, stream_), "cudaMemsetAsync");
   if (!s.ok()) {
-    api_->cuMemUnmap(a, bytes);
-    RecycleHandle(m);
+    UnmapSlab(a, m);
     return s;
   }
   mapped_[a] = m;
@@ -323,7 +339,8 @@ absl::Status CudaBackend::Unmap(uint8_t* addr, size_t bytes) {
   }
   pending_unmaps_.push_back(PendingUnmap{addr, it->second, done});
   mapped_.erase(it);
-  return RetireUnmaps(/*wait=*/false);
+  RetireUnmaps(/*wait=*/false);
+  return sticky_;
 }
 
 // ---- Fences ----
@@ -339,19 +356,22 @@ absl::StatusOr<uint64_t> CudaBackend::RecordFence() {
   }
   fences_.push_back(Fence{++last_fence_, done});
   FoldNonfinite();
-  KVTIER_RETURN_IF_ERROR(RetireUnmaps(/*wait=*/false));
+  RetireUnmaps(/*wait=*/false);
+  KVTIER_RETURN_IF_ERROR(sticky_);
   return last_fence_;
 }
 
-bool CudaBackend::FencePassed(uint64_t fence) {
+absl::StatusOr<bool> CudaBackend::FencePassed(uint64_t fence) {
   if (fence <= passed_fence_) return true;
+  KVTIER_RETURN_IF_ERROR(sticky_);
   if (fence > last_fence_ || fences_.empty()) return false;
   // Work on one stream completes in order: when this fence passed, so did every older one.
   const Fence& f = fences_[static_cast<size_t>(fence - fences_.front().id)];
   const cudaError_t e = cudaEventQuery(f.done);
+  if (e == cudaErrorNotReady) return false;
   if (e != cudaSuccess) {
-    if (e != cudaErrorNotReady) sticky_.Update(CudaStatus(e, "cudaEventQuery (fence)"));
-    return false;
+    sticky_.Update(CudaStatus(e, "cudaEventQuery (fence)"));
+    return sticky_;
   }
   while (!fences_.empty() && fences_.front().id <= fence) {
     RecycleEvent(fences_.front().done);

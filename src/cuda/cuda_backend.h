@@ -6,7 +6,10 @@
 // (cuMemMap, cuMemSetAccess) and zero-filled, so that a new slab holds zeros as on the CPU
 // backend. Unmap is stream-ordered: the slab stays mapped until the device work issued before
 // the call has completed, then it is unmapped; its physical allocation is kept in a small free
-// list for the next Map (kMaxFreeHandles) or released.
+// list for the next Map (kMaxFreeHandles) or released. A Map that finds device memory full
+// first waits for the deferred unmaps, whose memory is not free until they are done. A failed
+// cuMemUnmap is sticky (the pools believe the slab unmapped): every later call returns it, and
+// the allocation is released, never mapped elsewhere.
 //
 // Work. Every kernel and copy goes on one stream the backend owns, created as a blocking
 // stream: it is ordered after work on the legacy default stream (stream 0) and the legacy
@@ -16,8 +19,9 @@
 // later.
 //
 // Fences. RecordFence records an event (from a pool) on the stream and returns an increasing
-// id; FencePassed(id) queries it. synchronous() is false: the cache reuses freed pages only
-// once the fence of the step that freed them has passed.
+// id; FencePassed(id) queries it, and returns the device's error (sticky) when the work failed.
+// synchronous() is false: the cache reuses freed pages only once the fence of the step that
+// freed them has passed.
 //
 // Non-finite inputs. The append kernel adds NaN/Inf input counts to a device counter. The
 // counter is copied back at RecordFence and at ReadPage, and added to the `nonfinite` pointer
@@ -67,6 +71,9 @@ class CudaBackend final : public Backend {
   // sm_90 or lacks virtual-memory management; InvalidArgument when KVTIER_CUDA_MIGRATE is set
   // to anything but auto, 2, 3, 4 or 5.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create();
+  // As Create, with the driver's calls made through `driver` (tests substitute failing ones).
+  // REQUIRES: `driver` outlives the backend.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> CreateWithDriver(const DriverApi* driver);
   ~CudaBackend() override;
 
   absl::StatusOr<uint8_t*> Reserve(size_t bytes) override;
@@ -94,7 +101,7 @@ class CudaBackend final : public Backend {
   int32_t device_id() const override { return device_; }
   bool synchronous() const override { return false; }
   absl::StatusOr<uint64_t> RecordFence() override;
-  bool FencePassed(uint64_t fence) override;
+  absl::StatusOr<bool> FencePassed(uint64_t fence) override;
   uint64_t NextFence() const override { return last_fence_ + 1; }
 
   // The stream all work goes on (for benchmarks and tests that time or order against it).
@@ -132,9 +139,12 @@ class CudaBackend final : public Backend {
   void RecycleEvent(cudaEvent_t e);
   absl::StatusOr<CUmemGenericAllocationHandle> NewHandle(size_t bytes);
   void RecycleHandle(const Mapping& m);
+  // Unmaps the slab at `addr` and keeps its allocation for reuse; a failure is sticky, and the
+  // allocation, still mapped, is released instead.
+  void UnmapSlab(uintptr_t addr, const Mapping& m);
   // Unmaps deferred slabs whose work has completed (all of them, waiting, when `wait`), or
-  // only those overlapping [lo, hi) when hi > lo.
-  absl::Status RetireUnmaps(bool wait, uintptr_t lo = 0, uintptr_t hi = 0);
+  // only those overlapping [lo, hi) when hi > lo. Errors are sticky.
+  void RetireUnmaps(bool wait, uintptr_t lo = 0, uintptr_t hi = 0);
   // A batch of page moves in device staging memory: the layer table and both page lists.
   struct PageBatch {
     const gpu::LayerPools* layers = nullptr;

@@ -69,9 +69,9 @@ absl::StatusOr<void*> CudaBackend::Upload(size_t bytes) {
 void CudaBackend::SnapshotNonfinite() {
   if (nonfinite_sink_ == nullptr || snapshot_free_.empty()) return;
   const int i = snapshot_free_.back();
-  if (cudaMemcpyAsync(&snapshots_[i], nonfinite_device_, sizeof(uint64_t),
-                      cudaMemcpyDeviceToHost, stream_) != cudaSuccess ||
-      cudaEventRecord(snapshot_done_[i], stream_) != cudaSuccess) {
+  if (!CudaSucceeded(cudaMemcpyAsync(&snapshots_[i], nonfinite_device_, sizeof(uint64_t),
+                                     cudaMemcpyDeviceToHost, stream_)) ||
+      !CudaSucceeded(cudaEventRecord(snapshot_done_[i], stream_))) {
     return;  // a later snapshot takes the count
   }
   snapshot_free_.pop_back();
@@ -79,8 +79,12 @@ void CudaBackend::SnapshotNonfinite() {
 }
 
 void CudaBackend::FoldNonfinite() {
-  while (!snapshot_pending_.empty() &&
-         cudaEventQuery(snapshot_done_[snapshot_pending_.front()]) == cudaSuccess) {
+  while (!snapshot_pending_.empty()) {
+    const cudaError_t e = cudaEventQuery(snapshot_done_[snapshot_pending_.front()]);
+    if (e != cudaSuccess) {
+      if (e != cudaErrorNotReady) sticky_.Update(CudaStatus(e, "cudaEventQuery (non-finite count)"));
+      return;
+    }
     const int i = snapshot_pending_.front();
     snapshot_pending_.pop_front();
     snapshot_free_.push_back(i);

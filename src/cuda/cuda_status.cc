@@ -73,6 +73,12 @@ absl::Status CudaStatus(cudaError_t error, const char* call) {
                cudaGetErrorString(error));
 }
 
+bool CudaSucceeded(cudaError_t error) {
+  if (error == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+
 absl::Status DriverStatus(CUresult result, const char* call) {
   if (result == CUDA_SUCCESS) return absl::OkStatus();
   const char* name = "CUDA_ERROR_UNKNOWN";

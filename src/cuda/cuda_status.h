@@ -20,6 +20,10 @@ namespace kvtier {
 // rest, each naming `call` and CUDA's error name and string.
 absl::Status CudaStatus(cudaError_t error, const char* call);
 absl::Status DriverStatus(CUresult result, const char* call);
+// True on success; otherwise consumes the failure as the thread's last error (as CudaStatus
+// does), so that a later launch's cudaGetLastError does not report it. For calls whose failure
+// is handled without a Status.
+bool CudaSucceeded(cudaError_t error);
 
 // The driver functions the CUDA backend calls, resolved once per process.
 struct DriverApi {

@@ -15,6 +15,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "gtest/gtest.h"
 #include "kvtier/cache.h"
+#include "src/cuda/cuda_status.h"
 #include "src/status_macros.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -106,6 +107,46 @@ TEST(CudaBackendTest, SlabsMapZeroFilledAndRecycle) {
   EXPECT_TRUE(fence.ok()) << fence.status();  // no error became sticky
 }
 
+// The driver's cuMemUnmap, reporting failure while g_fail_unmaps is set (after unmapping, so
+// that the process is left clean).
+std::atomic<bool> g_fail_unmaps{false};
+PFN_cuMemUnmap_v10020 g_driver_unmap = nullptr;
+CUresult UnmapThatFails(CUdeviceptr addr, size_t bytes) {
+  const CUresult r = g_driver_unmap(addr, bytes);
+  return g_fail_unmaps ? CUDA_ERROR_INVALID_VALUE : r;
+}
+
+// A deferred unmap that fails leaves the slab mapped where the pools believe it is not: the
+// backend refuses every later call with that error (it had reported it once and then mapped
+// the slab's allocation, still mapped, at another address).
+TEST(CudaBackendTest, AFailedDeferredUnmapIsSticky) {
+  KVTIER_REQUIRE_GPU();
+  absl::StatusOr<const DriverApi*> driver = GetDriverApi();
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  DriverApi api = **driver;
+  g_driver_unmap = api.cuMemUnmap;
+  api.cuMemUnmap = UnmapThatFails;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> made = CudaBackend::CreateWithDriver(&api);
+  ASSERT_TRUE(made.ok()) << made.status();
+  CudaBackend& b = **made;
+  absl::StatusOr<uint8_t*> base = b.Reserve(2 * kSlab);
+  ASSERT_TRUE(base.ok()) << base.status();
+  ASSERT_TRUE(b.Map(*base, kSlab).ok());
+  g_fail_unmaps = true;
+  const absl::Status unmapped = b.Unmap(*base, kSlab);  // unmapped now or at the fence
+  const absl::StatusOr<uint64_t> fence = b.RecordFence();
+  KVTIER_ASSERT_CUDA(cudaStreamSynchronize(b.stream()));
+  const absl::Status later = b.RecordFence().status();
+  g_fail_unmaps = false;
+  EXPECT_FALSE(unmapped.ok() && fence.ok() && later.ok());
+  for (const absl::Status& s : {b.Map(*base + kSlab, kSlab), later}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find("cuMemUnmap"), absl::string_view::npos) << s;
+  }
+  EXPECT_FALSE(b.FencePassed(b.NextFence()).ok());  // fences report it too
+  b.Unreserve(*base, 2 * kSlab);
+}
+
 TEST(CudaBackendTest, FencesPassInOrder) {
   KVTIER_REQUIRE_GPU();
   absl::StatusOr<std::unique_ptr<CudaBackend>> made = CudaBackend::Create();
@@ -121,11 +162,11 @@ TEST(CudaBackendTest, FencesPassInOrder) {
     }
     fences.push_back(*f);
   }
-  EXPECT_FALSE(b.FencePassed(fences.back() + 1));  // not recorded yet
+  EXPECT_FALSE(*b.FencePassed(fences.back() + 1));  // not recorded yet
   KVTIER_ASSERT_CUDA(cudaStreamSynchronize(b.stream()));
-  EXPECT_TRUE(b.FencePassed(fences[2]));
-  EXPECT_TRUE(b.FencePassed(fences[0]));  // older ones passed with it
-  EXPECT_TRUE(b.FencePassed(fences[4]));
+  EXPECT_TRUE(*b.FencePassed(fences[2]));
+  EXPECT_TRUE(*b.FencePassed(fences[0]));  // older ones passed with it
+  EXPECT_TRUE(*b.FencePassed(fences[4]));
 }
 
 TEST(CudaBackendTest, BadInputTypeIsRejected) {

@@ -1,14 +1,18 @@
 // An out-of-memory from the CUDA driver under a live cache: device memory is filled with
 // cudaMalloc until it fails, then the cache needs a new slab. The Append must fail with a
 // clear Status (ResourceExhausted from cuMemCreate), leave the cache consistent and unchanged,
-// keep the K/V written before, and work again once memory is freed. docs/reliability.md.
+// keep the K/V written before, and work again once memory is freed. And the backend's Map,
+// with memory full, waits for slabs whose unmap is pending. docs/reliability.md.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kvtier/cache.h"
+#include "src/cuda/cuda_backend.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/stats_diff.h"
 #include "tests/test_util.h"
@@ -82,6 +86,33 @@ TEST(CudaOomTest, DriverOutOfMemoryIsAStatusThatChangesNothing) {
   std::vector<int64_t> more;
   EXPECT_TRUE(cache.Append(seq, 16 * 200, &more).ok());
   EXPECT_TRUE(cache.CheckConsistency().ok());
+}
+
+// A slab unmapped under device work keeps its memory until that work completes: a Map that
+// finds device memory full waits for it (the pools had already counted it free, so a new slab
+// of another format failed with memory to spare).
+TEST(CudaOomTest, AMapWaitsForPendingUnmapsWhenMemoryIsFull) {
+  KVTIER_REQUIRE_GPU();
+  absl::StatusOr<std::unique_ptr<CudaBackend>> made = CudaBackend::Create();
+  ASSERT_TRUE(made.ok()) << made.status();
+  CudaBackend& b = **made;
+  constexpr size_t kSlab = size_t{2} << 20;
+  absl::StatusOr<uint8_t*> base = b.Reserve(2 * kSlab);
+  ASSERT_TRUE(base.ok()) << base.status();
+  ASSERT_TRUE(b.Map(*base, kSlab).ok());
+  {
+    DeviceFiller filler;
+    ASSERT_GT(filler.chunks(), 0u);
+    // The stream is held for 300 ms, so the unmap stays pending.
+    KVTIER_ASSERT_CUDA(cudaLaunchHostFunc(
+        b.stream(), [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+        nullptr));
+    ASSERT_TRUE(b.Unmap(*base, kSlab).ok());
+    const absl::Status s = b.Map(*base + kSlab, kSlab);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  b.Unreserve(*base, 2 * kSlab);
+  EXPECT_TRUE(b.RecordFence().ok());  // nothing became sticky
 }
 
 }  // namespace
