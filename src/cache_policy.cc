@@ -104,7 +104,8 @@ absl::StatusOr<uint64_t> CacheImpl::RecordFence() {
 }
 
 void CacheImpl::MarkDirty(SequenceId id, Sequence& seq) {
-  if (seq.dirty) return;
+  // Without a policy nothing empties the list (SetPolicy considers every live sequence anyway).
+  if (!policy_ || seq.dirty) return;
   seq.dirty = true;
   dirty_.push_back(id);
 }

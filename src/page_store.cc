@@ -186,9 +186,12 @@ uint64_t PageStore::RoomFor(int format, bool after_reclaim) const {
 
 uint32_t PageStore::SlabsNeeded(int format, uint32_t count, bool after_reclaim) const {
   const PagePool& pool = pools_[format];
-  const uint32_t per_slab = pool.MinPagesPerSlot();
-  const uint32_t free = pool.free_pages() + (after_reclaim ? pool.pending_pages() : 0);
-  return free >= count ? 0u : (count - free + per_slab - 1) / per_slab;
+  const uint64_t per_slab = pool.MinPagesPerSlot();
+  const uint64_t free = uint64_t{pool.free_pages()} + (after_reclaim ? pool.pending_pages() : 0);
+  if (free >= count) return 0;
+  // In 64 bits: a count near 2^32 wrapped to 0 slabs, and the allocation ran past the pool.
+  return static_cast<uint32_t>(
+      std::min<uint64_t>((count - free + per_slab - 1) / per_slab, UINT32_MAX));
 }
 
 absl::Status PageStore::MapSlabs(int format, uint32_t count) {

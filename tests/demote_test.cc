@@ -267,12 +267,16 @@ TEST(CalibrationTest, TinyRowsAndBlocksKeepZerosZero) {
       for (int l = 0; l < 2; ++l) {
         ASSERT_TRUE(cache->WriteKV(l, slots, {DType::kBFloat16, kv.data(), kv.data(), 16, 2, 64}).ok());
       }
-      if (demoted) ASSERT_TRUE(cache->Demote(FullBlocks(*cache, seq), 1).ok());
+      if (demoted) {
+        ASSERT_TRUE(cache->Demote(FullBlocks(*cache, seq), 1).ok());
+      }
       std::vector<float> k(kv.size()), v(kv.size());
       ASSERT_TRUE(cache->ReadKV(seq, 0, absl::MakeSpan(k), absl::MakeSpan(v)).ok());
       for (size_t i = 0; i < k.size(); ++i) {
         ASSERT_TRUE(std::isfinite(k[i]) && std::isfinite(v[i])) << i;
-        if (kv[i] == 0) ASSERT_EQ(k[i], 0.f) << i;
+        if (kv[i] == 0) {
+          ASSERT_EQ(k[i], 0.f) << i;
+        }
         ASSERT_GE(k[i], 0.f) << i;
         ASSERT_LE(k[i], 1e-30f) << i;
       }
@@ -310,6 +314,21 @@ TEST(AppendBatchTest, AllOrNothing) {
   EXPECT_TRUE(slots.empty());
   ExpectSameState(before, cache->GetStats());
   EXPECT_EQ(*cache->SequenceLength(a), 20);
+}
+
+// A batch whose pages add up to about 2^32 (each sequence's count within range): refused. The
+// slab count wrapped to 0 in 32 bits, nothing was mapped, and allocation ran past the pool.
+TEST(AppendBatchTest, PagesAddingUpTo2To32AreRefused) {
+  auto cache = MustCreate(SmallOptions());  // 256 FP16 pages a slab
+  std::vector<SequenceId> batch;
+  for (int i = 0; i < 32; ++i) batch.push_back(*cache->AddSequence());
+  const CacheStats before = cache->GetStats();
+  std::vector<int64_t> slots;
+  EXPECT_EQ(cache->AppendBatch(batch, std::vector<int64_t>(32, INT32_MAX), {}, &slots).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(slots.empty());
+  ExpectSameState(before, cache->GetStats());
+  EXPECT_TRUE(cache->CheckConsistency().ok());
 }
 
 }  // namespace

@@ -398,6 +398,8 @@ TEST(RecallMetricsTest, NeedleRankAndMetrics) {
   };
   EXPECT_EQ(NeedleRank(ref, 1), 0);
   EXPECT_EQ(NeedleRank(arm, 1), 1);
+  const std::vector<float> nan_needle = {0.f, std::nanf(""), 1.f};
+  EXPECT_EQ(NeedleRank(nan_needle, 1), 3);  // a miss at every k (it was rank -1, a hit)
   const NeedleMetrics m = CompareNeedle(ref, lse(ref), out, arm, lse(arm), out2, 1, 2);
   EXPECT_TRUE(m.reference_top1);
   EXPECT_FALSE(m.top1);
@@ -542,6 +544,19 @@ TEST(RecallNpyTest, RefusesWhatItDoesNotSupport) {
   EXPECT_TRUE(invalid("<f4", "(2, 16, 16)", x.size() * 4, "True"));   // Fortran order
   EXPECT_TRUE(invalid("<f4", "(2, 16, 16)", x.size() * 4 - 4));       // truncated
   EXPECT_TRUE(invalid("<f4", "(1, 1, 2, 16, 16)", x.size() * 4));     // 5-D
+  EXPECT_TRUE(invalid("<f4", "(2, 16, 16)", x.size() * 4 + 4));       // longer than declared
+  EXPECT_TRUE(invalid("<f4", "(2 0, 16, 16)", x.size() * 4));         // a space inside a number
+  // A shape whose element count wraps to 0 in 64 bits (it passed the size check with no data,
+  // then LoadKVDump copied 2^37 elements out of nothing), and one of 2^64 elements.
+  EXPECT_TRUE(invalid("<f2", "(549755813888, 33554432, 1, 16)", 0));
+  EXPECT_TRUE(invalid("<f2", "(4294967296, 4294967296, 1, 16)", 0));
+  EXPECT_TRUE(invalid("<f4", "(2, 16, 16)" + std::string(70000, ' '), x.size() * 4));  // header
+  // A stream that is not a .npy file is refused at its first bytes, not read to the end.
+  EXPECT_EQ(ReadNpy("/dev/zero").status().code(), absl::StatusCode::kInvalidArgument);
+  WriteNpy(p, "<f4", "(32,)", Bytes(x.data(), 32 * 4));
+  EXPECT_TRUE(ReadNpy(p).ok());
+  WriteNpy(p, "<f4", "(1, 512, 16)", Bytes(x.data(), x.size() * 4));
+  EXPECT_FALSE(LoadKVDump(p, p, 0).ok());  // 512 KV heads: more than a cache holds
   WriteNpy(p, "<f4", "(2, 16, 16)", Bytes(x.data(), x.size() * 4));
   const absl::StatusOr<NpyArray> ok = ReadNpy(p);
   ASSERT_TRUE(ok.ok()) << ok.status();
@@ -573,6 +588,25 @@ TEST(RecallCommandTest, BadFlagsExitWith2) {
   EXPECT_EQ(RunTool({"recall", "--head-dim", "40"}), 2);
   EXPECT_EQ(RunTool({"recall", "--k-npy", "x.npy"}), 2);
   EXPECT_EQ(RunTool({"recall", "--k-npy", "/nonexistent/k.npy", "--v-npy", "/nonexistent/v.npy"}), 2);
+  // Arms whose cache refuses the geometry are refused before the sweep (exit 1 after the first
+  // trial before); the same arm twice would be one row and one plot.
+  EXPECT_EQ(RunTool({"recall", "--head-dim", "96", "--arm", "nvfp4/block_head+rot"}), 2);
+  EXPECT_EQ(RunTool({"recall", "--kv-heads", "128", "--head-dim", "1024", "--arm", "fp16"}), 2);
+  EXPECT_EQ(RunTool({"recall", "--arm", "fp16", "--arm", "fp16"}), 2);
+  EXPECT_EQ(RunTool({"recall", "--policy", "balanced", "--policy", "balanced"}), 2);
+}
+
+TEST(RecallCommandTest, GeometryAndGeneratorLimits) {
+  const std::vector<std::string> small = {"--contexts", "1k", "--trials", "1", "--bisect-steps", "0"};
+  const auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "recall");
+    args.insert(args.end(), small.begin(), small.end());
+    return RunTool(args);
+  };
+  EXPECT_EQ(run({"--head-dim", "96", "--arm", "fp16"}), 0);
+  // A generator whose keys overflow FP16 is an error, not a sweep of garbage (it reported
+  // FP16 less exact than NVFP4, and a KL of NaN, with exit 0).
+  EXPECT_EQ(run({"--arm", "fp16", "--outlier-gain", "1:1e6"}), 1);
 }
 
 // --backend picks where the arms run; the CPU unless asked.

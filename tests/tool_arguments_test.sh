@@ -49,5 +49,15 @@ JSON
 expect 0 "json: q.json" simulate "${quick[@]}" --plot '' --policy policy.json --json q.json
 python3 -c 'import json, sys; assert json.load(open("q.json"))["policy"] == "say \"hi\" \\ back"' ||
   fail "q.json does not hold the policy's name: $(head -c 200 q.json)"
+# A budget smaller than some requests alone: those are turned away, the others complete (they
+# were preempted and readmitted at every step, blocking the queue; and the gain over an FP16
+# run that held nothing read 0.00x).
+expect 0 "rejected requests" simulate --steps 1000 --budget-mib 16 --no-progress --plot '' \
+  --json small.json
+python3 -c '
+import json; r = json.load(open("small.json"))
+assert r["rejected_requests"] > 0 and r["completed_requests"] > 0, r
+g = r["capacity_gain_vs_fp16"]
+assert g is None or g > 0, r' || fail "small.json: $(head -c 600 small.json)"
 [ "$failures" = 0 ] && echo "tool arguments: OK"
 exit $((failures > 0))

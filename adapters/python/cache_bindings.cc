@@ -71,6 +71,7 @@ py::dict StatsDict(const CacheStats& s) {
   d["policy"] = s.policy;
   d["under_pressure"] = s.under_pressure;
   d["demotions_under_pressure"] = s.demotions_under_pressure;
+  d["compacted_pages"] = s.compacted_pages;
   d["policy_demotion_failures"] = s.policy_demotion_failures;
   d["migration_seconds"] = HistogramDict(s.migration_seconds);
   d["block_lifetime_seconds"] = HistogramDict(s.block_lifetime_seconds);
@@ -332,11 +333,14 @@ void BindData(CacheClass& cache) {
            "seq"_a, "layer"_a, "K and V decoded to float32, each [length, num_kv_heads, head_dim].")
       .def("calibrate_tensor_scales",
            [](PyCache& c, int32_t layer, const py::object& k, const py::object& v) {
-             const Placement at = PlacementOf(*c);
+             // Host memory whatever the backend (Cache::CalibrateTensorScales reads it there).
+             const Placement at{BackendKind::kCpu};
              const KVSource ks(k, at), vs(v, at);
              Check((*c).CalibrateTensorScales(layer, MakeInput(ks, vs, c.geometry())));
            },
-           "layer"_a, "k"_a, "v"_a)
+           "layer"_a, "k"_a, "v"_a,
+           "Per-tensor scales from a sample of K/V in host memory (numpy, CPU tensors), whatever\n"
+           "the backend.")
       .def("demote",
            [](PyCache& c, const std::vector<BlockId>& blocks, int32_t format) {
              Check((*c).Demote(blocks, format));

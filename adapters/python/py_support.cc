@@ -24,20 +24,26 @@ void PyCache::HoldUntilDone(std::vector<std::unique_ptr<DlpackImport>> tensors) 
   ReleaseDone();
   tensors.erase(std::remove(tensors.begin(), tensors.end(), nullptr), tensors.end());
   if (tensors.empty()) return;
-  // Without a fence (a CUDA error) the tensors are held until the cache is gone: the copy may
-  // still be queued. The error surfaces at the cache's next call, which it leaves failing.
+  // Without a fence (a CUDA error) the tensors are held until a fence recorded later passes, or
+  // the cache is gone: the copy may still be queued.
   const absl::StatusOr<uint64_t> fence = cache->RecordFence();
   if (fence.ok() && cache->FencePassed(*fence).value_or(false)) return;  // CPU: done on return
   held.push_back(Held{fence.ok() ? *fence : kNeverPasses, std::move(tensors)});
 }
 
 void PyCache::ReleaseDone() {
-  // Destroyed after the loop: a producer's deleter may run Python code that calls the cache.
-  std::vector<Held> done;
-  while (!held.empty() && cache->FencePassed(held.front().fence).value_or(false)) {
-    done.push_back(std::move(held.front()));
-    held.pop_front();
+  // Fences pass in order: once one has, so has the work of everything held before it, those
+  // held without a fence included (they once held everything after them for good).
+  size_t passed = 0;
+  for (size_t i = 0; i < held.size(); ++i) {
+    if (held[i].fence == kNeverPasses) continue;
+    if (!cache->FencePassed(held[i].fence).value_or(false)) break;
+    passed = i + 1;
   }
+  // Destroyed after the erase: a producer's deleter may run Python code that calls the cache.
+  std::vector<Held> done(std::make_move_iterator(held.begin()),
+                         std::make_move_iterator(held.begin() + static_cast<ptrdiff_t>(passed)));
+  held.erase(held.begin(), held.begin() + static_cast<ptrdiff_t>(passed));
 }
 
 }  // namespace kvtier::python

@@ -116,16 +116,18 @@ struct PyCache {
   Cache& operator*() const { return *cache; }
   const Geometry& geometry() const { return cache->options().geometry; }
 
-  // A fence no work reaches: what is held under it is released with the cache.
+  // The fence of tensors held after RecordFence failed: they are released once a fence recorded
+  // after them passes, or with the cache.
   static constexpr uint64_t kNeverPasses = ~uint64_t{0};
 
   // Holds `tensors` (null entries: numpy inputs, nothing to hold) until the cache's device work
   // issued so far has completed (Cache::RecordFence), after releasing the tensors held before
   // whose work has. On the CPU backend, whose work is done on return, nothing is held. After a
-  // CUDA error (no fence, or none that passes) they are held until the cache is destroyed.
+  // CUDA error (no fence, or none that passes since) they are held until the cache is destroyed.
   // REQUIRES: the GIL (the producers' deleters run under it).
   void HoldUntilDone(std::vector<std::unique_ptr<DlpackImport>> tensors);
-  // Releases the held tensors whose fences have passed. REQUIRES: the GIL.
+  // Releases the held tensors whose fences have passed, and those held without a fence before
+  // one that has. REQUIRES: the GIL.
   void ReleaseDone();
 };
 

@@ -79,6 +79,30 @@ int SweepAndReport(const RecallFlags& f, const RunInfo& info) {
 
 }  // namespace
 
+// Checks every arm against the heads of the sweep (the dump's, else the generator's) before it
+// runs: the standard arms whose cache refuses them (the rotated ones when head_dim is not a
+// power of two) are left out, with a note on stderr; a chosen arm refused is the error.
+absl::Status FitArms(RecallFlags* f) {
+  SweepOptions& o = f->sweep;
+  const GeneratorOptions& g = o.generator;
+  const int32_t kv_heads = g.dump ? g.dump->kv_heads : g.kv_heads;
+  const int32_t head_dim = g.dump ? g.dump->head_dim : g.head_dim;
+  std::vector<Arm> fit;
+  for (Arm& arm : o.arms) {
+    const absl::Status s = CheckArmGeometry(arm, kv_heads, head_dim);
+    if (s.ok()) {
+      fit.push_back(std::move(arm));
+    } else if (f->arms_given) {
+      return s;
+    } else {
+      std::fprintf(stderr, "kvtier recall: leaving out %s\n", std::string(s.message()).c_str());
+    }
+  }
+  if (fit.empty()) return absl::InvalidArgumentError("no arm can hold heads of this geometry");
+  o.arms = std::move(fit);
+  return absl::OkStatus();
+}
+
 int RunRecall(int argc, char** argv) {
   RunInfo info;
   info.command = "kvtier";
@@ -99,6 +123,7 @@ int RunRecall(int argc, char** argv) {
       return RecallBadFlag(std::string(s.message()));
     }
   }
+  if (absl::Status s = FitArms(&f); !s.ok()) return RecallBadFlag(std::string(s.message()));
   const SweepOptions& o = f.sweep;
   const int64_t specials =
       2 * (4 + static_cast<int64_t>(o.depths.size()) * (1 + o.generator.distractors)) + 16;

@@ -99,6 +99,26 @@ std::vector<Arm> StandardArms() {
   return arms;
 }
 
+Options ArmOptions(const Arm& arm, int32_t kv_heads, int32_t head_dim) {
+  Options o;
+  o.geometry = Geometry{1, kv_heads, head_dim, 16};
+  o.palette = arm.palette;
+  o.key_rotation = arm.key_rotation;
+  if (arm.fixed_k_amax > 0 || arm.fixed_v_amax > 0) {
+    o.k_tensor_amax = {arm.fixed_k_amax > 0 ? arm.fixed_k_amax : 1.f};
+    o.v_tensor_amax = {arm.fixed_v_amax > 0 ? arm.fixed_v_amax : 1.f};
+  }
+  o.memory_budget_bytes = o.slab_bytes * (2 * arm.palette.size() + 2);
+  return o;
+}
+
+absl::Status CheckArmGeometry(const Arm& arm, int32_t kv_heads, int32_t head_dim) {
+  const absl::Status s = ValidateOptions(ArmOptions(arm, kv_heads, head_dim));
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("arm ", arm.name, " cannot hold heads of ", kv_heads,
+                                             " x ", head_dim, ": ", s.message()));
+}
+
 absl::StatusOr<std::unique_ptr<ArmRunner>> ArmRunner::Create(const Arm& arm, int32_t kv_heads,
                                                              int32_t head_dim, int64_t max_length,
                                                              int64_t chunk_tokens,
@@ -106,15 +126,8 @@ absl::StatusOr<std::unique_ptr<ArmRunner>> ArmRunner::Create(const Arm& arm, int
   if (arm.palette.empty() || !arm.format_of) {
     return absl::InvalidArgumentError(absl::StrCat("arm ", arm.name, " has no palette or rule"));
   }
-  Options o;
-  o.geometry = Geometry{1, kv_heads, head_dim, 16};
-  o.palette = arm.palette;
-  o.key_rotation = arm.key_rotation;
+  Options o = ArmOptions(arm, kv_heads, head_dim);
   o.backend = backend;
-  if (arm.fixed_k_amax > 0 || arm.fixed_v_amax > 0) {
-    o.k_tensor_amax = {arm.fixed_k_amax > 0 ? arm.fixed_k_amax : 1.f};
-    o.v_tensor_amax = {arm.fixed_v_amax > 0 ? arm.fixed_v_amax : 1.f};
-  }
   // Room for the whole trial in FP16 plus a chunk, and one slab per format for rounding.
   const size_t fp16_token = static_cast<size_t>(kv_heads) * head_dim * 2 * 2;
   size_t need = fp16_token * static_cast<size_t>(max_length + 2 * chunk_tokens + 64) +

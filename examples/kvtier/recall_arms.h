@@ -79,6 +79,13 @@ Arm RotatedArm(Arm arm);
 // The arms of the default sweep, FP16 first.
 std::vector<Arm> StandardArms();
 
+// The cache Options of `arm` for one layer of `kv_heads` x `head_dim` heads in 16-token blocks,
+// with a budget of one slab per format and two more (ArmRunner sizes its own).
+Options ArmOptions(const Arm& arm, int32_t kv_heads, int32_t head_dim);
+// OK when ArmOptions validates: InvalidArgument, naming the arm, for a geometry its cache
+// refuses (a page larger than a slab; rotated keys with head_dim not a power of two).
+absl::Status CheckArmGeometry(const Arm& arm, int32_t kv_heads, int32_t head_dim);
+
 // Runs trials through one arm. One cache per runner, reused across trials (each trial's
 // sequence is released at the end). Thread-compatible: use one runner per thread.
 class ArmRunner {

@@ -237,7 +237,15 @@ std::optional<std::string> ChooseArms(const std::vector<std::string>& names,
   for (const std::string& policy : policies) {
     absl::StatusOr<Policy> p = LoadPolicy(policy);
     if (!p.ok()) return absl::StrCat("--policy ", policy, ": ", p.status().message());
+    if (p->name.empty()) p->name = policy;  // a file without a "name": its path
     chosen.push_back(PolicyArm(*p));
+  }
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (chosen[i].name == chosen[j].name) {
+        return "arm '" + chosen[i].name + "' is given twice (its rows and plots would be one)";
+      }
+    }
   }
   *arms = chosen;
   return std::nullopt;
@@ -279,6 +287,7 @@ std::optional<int> ParseRecallFlags(int argc, char** argv, RecallFlags* flags) {
   }
   const std::vector<int64_t> full_grid = {1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072};
   f.contexts_given = req.contexts.has_value();
+  f.arms_given = !req.arm_names.empty() || !req.policies.empty();
   o.contexts = req.contexts ? *req.contexts
                             : req.quick ? std::vector<int64_t>{1024, 4096, 32768} : full_grid;
   o.trials = req.trials ? *req.trials : req.quick ? 16 : 64;

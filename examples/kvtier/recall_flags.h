@@ -16,6 +16,7 @@ struct RecallFlags {
   // dump and queries are not set: the caller loads the files named below.
   SweepOptions sweep;
   bool contexts_given = false;  // --contexts was given (else a dump may shorten the grid)
+  bool arms_given = false;      // --arm or --policy was given (else the standard arms)
   std::string json_path;        // "": no JSON
   std::string plots_dir;        // "": no plots
   std::string k_npy, v_npy;     // both or neither; "": the synthetic haystack

@@ -74,6 +74,20 @@ void ShiftToLogits(const float* q, int n, int dim, const std::vector<double>& ta
   }
 }
 
+// InvalidArgument when the trial's keys, values (in FP16) or queries are not all finite: the
+// generator's margins and gains too large for FP16, or a query the planting divides by.
+absl::Status CheckFinite(const Trial& t) {
+  for (const std::vector<float>* x : {&t.k, &t.v, &t.q}) {
+    if (!std::all_of(x->begin(), x->end(), [](float f) { return std::isfinite(f); })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the trial's ", x == &t.q ? "queries are" : x == &t.k ? "keys are" : "values are",
+          " not finite", x == &t.q ? "" : " in FP16",
+          ": --margin, --sink-margin, --logit-std or --outlier-gain too large"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Synthetic keys (rotated) and values of one KV head into the trial arrays.
 void SynthesizeHead(const GeneratorOptions& o, int h, const std::vector<float>& cos_sin, Rng& rng,
                     Trial* t) {
@@ -421,6 +435,7 @@ absl::StatusOr<Trial> GenerateTrial(const GeneratorOptions& o, int64_t length,
   t.distractor_positions.resize(t.needle.size());
   for (int h = 0; h < t.kv_heads; ++h) PlantHead(o, h, needle_at, taken, rng, &t);
   RoundToHalf(&t);
+  KVTIER_RETURN_IF_ERROR(CheckFinite(t));
   return t;
 }
 

@@ -12,6 +12,7 @@ constexpr double kZ = 1.959963984540054;  // two-sided 95%
 
 int64_t NeedleRank(absl::Span<const float> logits, int64_t needle) {
   const float x = logits[needle];
+  if (std::isnan(x)) return static_cast<int64_t>(logits.size());  // a miss at every k
   int64_t rank = 0;
   for (size_t i = 0; i < logits.size(); ++i) rank += logits[i] >= x ? 1 : 0;
   return rank - 1;  // the needle itself

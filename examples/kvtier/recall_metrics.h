@@ -38,7 +38,8 @@ NeedleMetrics CompareNeedle(absl::Span<const float> ref_logits, float ref_lse,
                             absl::Span<const float> ref_out, absl::Span<const float> logits,
                             float lse, absl::Span<const float> out, int64_t needle, int top_k);
 
-// Keys other than `needle` whose logit is >= the needle's (0 means a strict top-1).
+// Keys other than `needle` whose logit is >= the needle's (0 means a strict top-1); every key
+// when the needle's logit is NaN (a miss at any k).
 int64_t NeedleRank(absl::Span<const float> logits, int64_t needle);
 
 // A proportion with its 95% Wilson score interval.

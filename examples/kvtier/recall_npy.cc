@@ -1,15 +1,24 @@
 #include "examples/kvtier/recall_npy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "kernels/codec/half.h"
+#include "src/echo.h"
 
 namespace kvtier::tool {
 namespace {
+
+// Numpy writes headers of a few hundred bytes; a longer one is not read.
+constexpr size_t kMaxHeaderBytes = 1 << 16;
+// The most elements a file may declare (32 GiB as floats).
+constexpr int64_t kMaxElements = int64_t{1} << 33;
 
 absl::Status Bad(const std::string& path, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
@@ -38,6 +47,25 @@ std::string DictValue(const std::string& header, const std::string& key) {
   return value;
 }
 
+// The dimensions of a shape tuple such as "(2, 600, 8, 128)" or "(128,)": 1 to 4 numbers of up
+// to 12 digits (an 'L' suffix allowed), separated by commas; false for anything else.
+bool ParseShape(const std::string& text, std::vector<int64_t>* shape) {
+  if (text.size() < 2 || text.front() != '(' || text.back() != ')') return false;
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(absl::string_view(text).substr(1, text.size() - 2), ',');
+  for (size_t i = 0; i < parts.size(); ++i) {
+    absl::string_view d = absl::StripAsciiWhitespace(parts[i]);
+    if (d.empty() && i + 1 == parts.size() && i > 0) break;  // "(128,)"
+    if (!d.empty() && d.back() == 'L') d.remove_suffix(1);
+    if (d.empty() || d.size() > 12 ||
+        !std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return false;
+    }
+    shape->push_back(std::stoll(std::string(d)));
+  }
+  return !shape->empty() && shape->size() <= 4;
+}
+
 uint32_t ReadLe(const unsigned char* p, int bytes) {
   uint32_t v = 0;
   for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
@@ -49,62 +77,73 @@ uint32_t ReadLe(const unsigned char* p, int bytes) {
 absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto* u = reinterpret_cast<const unsigned char*>(bytes.data());
-  if (bytes.size() < 10 || std::memcmp(bytes.data(), "\x93NUMPY", 6) != 0) {
+  // The preamble and header first, so that a stream that is not a .npy file (/dev/zero) is
+  // refused after a few bytes, and the data read is at most what the header declares.
+  unsigned char pre[12];
+  if (!in.read(reinterpret_cast<char*>(pre), 10) || std::memcmp(pre, "\x93NUMPY", 6) != 0) {
     return Bad(path, "not a .npy file (no \\x93NUMPY magic)");
   }
-  const int major = u[6];
+  const int major = pre[6];
   if (major < 1 || major > 3) return Bad(path, absl::StrCat("unsupported .npy version ", major));
   const int len_bytes = major == 1 ? 2 : 4;
-  if (bytes.size() < static_cast<size_t>(8 + len_bytes)) return Bad(path, "truncated header");
-  const size_t header_len = ReadLe(u + 8, len_bytes);
-  const size_t data_at = 8 + len_bytes + header_len;
-  if (bytes.size() < data_at) return Bad(path, "truncated header");
-  const std::string header = bytes.substr(8 + len_bytes, header_len);
+  if (len_bytes == 4 && !in.read(reinterpret_cast<char*>(pre + 10), 2)) {
+    return Bad(path, "truncated header");
+  }
+  const size_t header_len = ReadLe(pre + 8, len_bytes);
+  if (header_len > kMaxHeaderBytes) {
+    return Bad(path, absl::StrCat("header of ", header_len, " bytes (at most ", kMaxHeaderBytes,
+                                  ")"));
+  }
+  std::string header(header_len, '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(header_len))) {
+    return Bad(path, "truncated header");
+  }
 
   const std::string descr = DictValue(header, "descr");
   int elem = 0;
   if (descr == "'<f2'") elem = 2;
   if (descr == "'<f4'") elem = 4;
   if (elem == 0) {
-    return Bad(path, absl::StrCat("dtype ", descr.empty() ? "(missing)" : descr,
+    return Bad(path, absl::StrCat("dtype ", Echo(descr.empty() ? "(missing)" : descr),
                                   " is not '<f2' (float16) or '<f4' (float32)"));
   }
   if (DictValue(header, "fortran_order") != "False") {
     return Bad(path, "fortran_order must be False (save a C-contiguous array)");
   }
   const std::string shape_text = DictValue(header, "shape");
-  if (shape_text.size() < 2 || shape_text.front() != '(' || shape_text.back() != ')') {
-    return Bad(path, "no shape tuple in the header");
-  }
   NpyArray array;
+  if (!ParseShape(shape_text, &array.shape)) {
+    return Bad(path, absl::StrCat("cannot parse shape ", Echo(shape_text),
+                                  " (a tuple of 1 to 4 dimensions)"));
+  }
   int64_t count = 1;
-  std::string number;
-  for (size_t i = 1; i < shape_text.size(); ++i) {
-    const char c = shape_text[i];
-    if (c >= '0' && c <= '9') {
-      number += c;
-    } else if (c == ',' || c == ')') {
-      if (!number.empty()) {
-        if (number.size() > 12) return Bad(path, "dimension too large");
-        array.shape.push_back(std::stoll(number));
-        count *= array.shape.back();
-        number.clear();
-      }
-    } else if (c != ' ' && c != 'L') {
-      return Bad(path, absl::StrCat("cannot parse shape ", shape_text));
+  for (const int64_t d : array.shape) {
+    if (d != 0 && count > kMaxElements / d) {
+      return Bad(path, absl::StrCat("shape ", Echo(shape_text), " has more than ", kMaxElements,
+                                    " elements"));
     }
+    count *= d;
   }
-  if (array.shape.empty() || array.shape.size() > 4) {
-    return Bad(path, absl::StrCat("shape ", shape_text, " must have 1 to 4 dimensions"));
+  // Read in pieces, so that memory follows the bytes that arrive, not the header's claim.
+  const int64_t data_bytes = count * elem;
+  std::string data;
+  while (static_cast<int64_t>(data.size()) < data_bytes) {
+    const size_t have = data.size();
+    const size_t piece = static_cast<size_t>(std::min<int64_t>(1 << 20, data_bytes - have));
+    data.resize(have + piece);
+    in.read(data.data() + have, static_cast<std::streamsize>(piece));
+    data.resize(have + static_cast<size_t>(in.gcount()));
+    if (data.size() < have + piece) break;
   }
-  if (bytes.size() - data_at != static_cast<size_t>(count) * elem) {
-    return Bad(path, absl::StrCat("holds ", bytes.size() - data_at, " data bytes; shape ",
-                                  shape_text, " needs ", count * elem));
+  if (static_cast<int64_t>(data.size()) != data_bytes || in.peek() != EOF) {
+    return Bad(path, absl::StrCat("holds ",
+                                  static_cast<int64_t>(data.size()) < data_bytes
+                                      ? absl::StrCat(data.size())
+                                      : std::string("more"),
+                                  " data bytes; shape ", Echo(shape_text), " needs ", data_bytes));
   }
   array.data.resize(count);
-  const unsigned char* p = u + data_at;
+  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
   for (int64_t i = 0; i < count; ++i, p += elem) {
     if (elem == 2) {
       array.data[i] = codec::HalfToFloat(static_cast<uint16_t>(ReadLe(p, 2)));
@@ -132,12 +171,15 @@ absl::StatusOr<KVDump> LoadKVDump(const std::string& k_path, const std::string& 
     return Bad(k_path, absl::StrCat("layer ", layer, " is outside [0, ", layers, ")"));
   }
   KVDump dump;
+  const int64_t kv_heads = s[s.size() - 2], head_dim = s[s.size() - 1];
   dump.tokens = s[s.size() - 3];
-  dump.kv_heads = static_cast<int32_t>(s[s.size() - 2]);
-  dump.head_dim = static_cast<int32_t>(s[s.size() - 1]);
-  if (dump.tokens < 1 || dump.kv_heads < 1 || dump.head_dim < 16 || dump.head_dim % 16 != 0) {
-    return Bad(k_path, "needs tokens >= 1, kv_heads >= 1 and head_dim a multiple of 16");
+  if (dump.tokens < 1 || kv_heads < 1 || kv_heads > 256 || head_dim < 16 || head_dim > 1024 ||
+      head_dim % 16 != 0) {
+    return Bad(k_path, "needs tokens >= 1, kv_heads 1 to 256 and head_dim a multiple of 16 "
+                       "from 16 to 1024 (the cache's geometry)");
   }
+  dump.kv_heads = static_cast<int32_t>(kv_heads);
+  dump.head_dim = static_cast<int32_t>(head_dim);
   const size_t per_layer = static_cast<size_t>(dump.tokens) * dump.kv_heads * dump.head_dim;
   const size_t at = per_layer * layer;
   dump.k.assign(k->data.begin() + at, k->data.begin() + at + per_layer);
@@ -161,6 +203,12 @@ absl::StatusOr<NpyArray> LoadQueries(const std::string& path, int32_t head_dim) 
   }
   for (float f : q->data) {
     if (!std::isfinite(f)) return Bad(path, "holds a non-finite value");
+  }
+  for (int64_t row = 0; row < q->shape[0]; ++row) {
+    const auto at = q->data.begin() + row * head_dim;
+    if (std::all_of(at, at + head_dim, [](float f) { return f == 0.f; })) {
+      return Bad(path, absl::StrCat("query row ", row, " is all zeros (it has no direction)"));
+    }
   }
   return q;
 }

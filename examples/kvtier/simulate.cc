@@ -121,13 +121,15 @@ std::string Json(const RunResult& run, const RunResult& fp16, double gain, const
                                   f.name, f.blocks_in_use, f.blocks_cached));
   }
   return absl::StrFormat(
-      "{\n  \"policy\": %s,\n  \"capacity_gain_vs_fp16\": %.4f,\n  \"mean_concurrent_sequences\": %.3f,\n"
+      "{\n  \"policy\": %s,\n  \"capacity_gain_vs_fp16\": %s,\n  \"mean_concurrent_sequences\": %.3f,\n"
       "  \"fp16_mean_concurrent_sequences\": %.3f,\n  \"prefix_hit_ratio\": %.4f,\n"
       "  \"effective_bits_per_element\": %.4f,\n  \"migrated_blocks\": %d,\n  \"evicted_blocks\": %d,\n"
       "  \"demotions_under_pressure\": %d,\n  \"preemptions\": %d,\n  \"completed_requests\": %d,\n"
-      "  \"steps\": %d,\n  \"budget_bytes\": %d,\n  \"tier_mix\": [%s],\n  \"seconds\": %.2f\n}\n",
-      JsonString(run.policy), gain, run.mean_running, fp16.mean_running, hit, s.effective_bits_per_element,
-      migrated, s.evicted_blocks, s.demotions_under_pressure, run.preemptions, run.completed, o.replay.steps,
+      "  \"rejected_requests\": %d,\n  \"steps\": %d,\n  \"budget_bytes\": %d,\n  \"tier_mix\": [%s],\n  \"seconds\": %.2f\n}\n",
+      JsonString(run.policy), std::isnan(gain) ? "null" : absl::StrFormat("%.4f", gain),
+      run.mean_running, fp16.mean_running, hit, s.effective_bits_per_element, migrated,
+      s.evicted_blocks, s.demotions_under_pressure, run.preemptions, run.completed, run.rejected,
+      o.replay.steps,
       s.budget_bytes, absl::StrJoin(mix, ", "), run.seconds);
 }
 
@@ -280,6 +282,8 @@ void PrintReport(const RunResult& run, const RunResult& fp16, double gain) {
               static_cast<long long>(fp16.completed));
   std::printf("| preemptions | %lld | %lld |\n", static_cast<long long>(run.preemptions),
               static_cast<long long>(fp16.preemptions));
+  std::printf("| rejected requests | %lld | %lld |\n", static_cast<long long>(run.rejected),
+              static_cast<long long>(fp16.rejected));
   std::printf("| prefix hit ratio (tokens) | %.3f | %.3f |\n", PrefixHitRatio(s),
               PrefixHitRatio(fp16.final_stats));
   std::printf("| effective bits per element (end) | %.2f | %.2f |\n", s.effective_bits_per_element,
@@ -293,7 +297,11 @@ void PrintReport(const RunResult& run, const RunResult& fp16, double gain) {
   for (const FormatStats& f : s.formats) {
     std::printf("  %s %lld blocks", f.name.c_str(), static_cast<long long>(f.blocks_in_use + f.blocks_cached));
   }
-  std::printf("\ncapacity gain vs all-FP16 at the same budget: %.2fx\n", gain);
+  if (std::isnan(gain)) {
+    std::printf("\ncapacity gain vs all-FP16 at the same budget: n/a (all-FP16 held no sequence)\n");
+  } else {
+    std::printf("\ncapacity gain vs all-FP16 at the same budget: %.2fx\n", gain);
+  }
 }
 
 // The policy run against the same policy with a host tier of `host_mib` below the same budget.
@@ -464,7 +472,8 @@ int RunSimulate(int argc, char** argv) {
     std::fprintf(stderr, "kvtier simulate: %s\n", (run.ok() ? fp16 : run).status().ToString().c_str());
     return 1;
   }
-  const double gain = fp16->mean_running > 0 ? run->mean_running / fp16->mean_running : 0;
+  // Undefined (NaN: "n/a", JSON null) when all-FP16 held no sequence.
+  const double gain = fp16->mean_running > 0 ? run->mean_running / fp16->mean_running : NAN;
   PrintReport(*run, *fp16, gain);
   if (o.replay.host_tier_mib > 0) {
     absl::StatusOr<RunResult> host = ReplayWorkload(*policy, o.replay, nullptr);

@@ -38,8 +38,14 @@ class Replayer {
   Replayer(const ReplayOptions& o, const Geometry& geometry, RunResult* result, Workload* workload)
       : o_(o), geometry_(geometry), result_(result), cache_(*result->cache), workload_(*workload) {}
 
-  // A request routed to this replayer; it waits for admission.
-  void Enqueue(Request request) { waiting_.push_back(std::move(request)); }
+  // A request routed to this replayer; it waits for admission, unless kMaxWaiting already do.
+  void Enqueue(Request request) {
+    if (waiting_.size() < kMaxWaiting) {
+      waiting_.push_back(std::move(request));
+    } else {
+      Reject(request);
+    }
+  }
 
   // Decode step `step`: admission, one step of work, retirement, then the cache's EndStep and
   // the run's statistics.
@@ -113,14 +119,23 @@ class Replayer {
       s = cache_.AppendBatch(batch_, counts_, tokens_, &slots_);
       if (absl::IsResourceExhausted(s)) {
         KVTIER_RETURN_IF_ERROR(cache_.Release(running_.back().seq));
-        waiting_.push_front(std::move(running_.back().request));
+        if (running_.size() == 1) {
+          Reject(running_.back().request);  // alone, it does not fit: it never would
+        } else {
+          waiting_.push_front(std::move(running_.back().request));
+          result_->preemptions += 1;
+        }
         running_.pop_back();
-        result_->preemptions += 1;
       } else if (!s.ok()) {
         return s;
       }
     }
     return absl::OkStatus();
+  }
+
+  void Reject(const Request& request) {
+    workload_.Abandoned(request);
+    result_->rejected += 1;
   }
 
   // What the appended batch did to each running sequence.
@@ -169,6 +184,10 @@ class Replayer {
       if (step % 50 == 0 || step + 1 == o_.steps) Progress(o_, result_->policy, step + 1, sample);
     }
   }
+
+  // Requests a replayer lets wait; more arriving are turned away (a workload arriving faster
+  // than the budget serves it would otherwise hold every prompt).
+  static constexpr size_t kMaxWaiting = 4096;
 
   const ReplayOptions& o_;
   const Geometry geometry_;

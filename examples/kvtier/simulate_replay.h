@@ -49,6 +49,9 @@ struct RunResult {
   double saturated_fraction = 0;  // steps of the second half with requests waiting
   int64_t completed = 0;
   int64_t preemptions = 0;
+  // Requests turned away: too large for the budget even alone, or arriving when kMaxWaiting
+  // requests already wait.
+  int64_t rejected = 0;
   double seconds = 0;
 };
 

@@ -92,7 +92,13 @@ void Workload::Finished(const Request& request, const std::vector<int32_t>& gene
                     options_.max_context_tokens;
   if (c.turns < options_.max_turns && room) {
     follow_ups_.push_back({step + options_.think_steps, request.conversation});
+  } else {
+    Abandoned(request);
   }
+}
+
+void Workload::Abandoned(const Request& request) {
+  std::vector<int32_t>().swap(conversations_[request.conversation].history);  // its memory too
 }
 
 }  // namespace kvtier::tool

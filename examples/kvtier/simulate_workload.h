@@ -46,6 +46,8 @@ class Workload {
   // Reports that `request` finished with `generated` output tokens, so its conversation may go
   // on (the reply joins the history).
   void Finished(const Request& request, const std::vector<int32_t>& generated, int64_t step);
+  // Reports that `request` was turned away: its conversation ends.
+  void Abandoned(const Request& request);
   // The id of output token `index` of `request`.
   int32_t GeneratedToken(const Request& request, int64_t index) const;
 

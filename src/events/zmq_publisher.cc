@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <iterator>
+#include <memory>
 #include <system_error>
 
 #include "absl/strings/match.h"
@@ -45,6 +46,17 @@ uint64_t FromBigEndian(const zmq::message_t& m) {
 bool Binds(const std::string& endpoint) {
   return absl::StrContains(endpoint, "*") || absl::StrContains(endpoint, "::") ||
          absl::StartsWith(endpoint, "ipc://") || absl::StartsWith(endpoint, "inproc://");
+}
+
+// A message whose data is `payload`'s, held until ZeroMQ has sent it (not a copy).
+zmq::message_t SharedMessage(const std::shared_ptr<const std::string>& payload) {
+  using Held = std::shared_ptr<const std::string>;
+  auto held = std::make_unique<Held>(payload);
+  zmq::message_t m(
+      const_cast<char*>(payload->data()), payload->size(),
+      [](void*, void* hint) { delete static_cast<Held*>(hint); }, held.get());
+  held.release();  // the message owns it now
+  return m;
 }
 
 double NowSeconds() {
@@ -175,10 +187,12 @@ void ZmqEventPublisher::Run() {
 }
 
 void ZmqEventPublisher::Send(Batch& batch) {
-  std::string payload = EncodeBatch(batch.ts, batch.events, block_size_, format_names_);
+  auto payload = std::make_shared<const std::string>(
+      EncodeBatch(batch.ts, batch.events, block_size_, format_names_));
   const std::array<unsigned char, 8> seq = BigEndian(batch.seq);
-  const std::array<zmq::const_buffer, 3> parts = {
-      zmq::buffer(topic_), zmq::buffer(seq), zmq::buffer(payload)};
+  std::array<zmq::message_t, 3> parts = {zmq::message_t(topic_.data(), topic_.size()),
+                                         zmq::message_t(seq.data(), seq.size()),
+                                         SharedMessage(payload)};
   try {
     zmq::send_multipart(pub_, parts);  // a PUB socket drops rather than block
   } catch (const zmq::error_t&) {
@@ -212,9 +226,9 @@ void ZmqEventPublisher::ServeReplay(int wait_ms) {
         for (const auto& [seq, payload] : replay_buffer_) {
           if (seq < start) continue;
           const std::array<unsigned char, 8> seq_bytes = BigEndian(seq);
-          const std::array<zmq::const_buffer, 4> reply = {
-              zmq::buffer(request[0].data(), request[0].size()), zmq::const_buffer(),
-              zmq::buffer(seq_bytes), zmq::buffer(payload)};
+          std::array<zmq::message_t, 4> reply = {
+              zmq::message_t(request[0].data(), request[0].size()), zmq::message_t(),
+              zmq::message_t(seq_bytes.data(), seq_bytes.size()), SharedMessage(payload)};
           zmq::send_multipart(*replay_, reply);  // a ROUTER drops rather than block
         }
         const std::array<zmq::const_buffer, 4> end = {

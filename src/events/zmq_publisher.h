@@ -88,7 +88,9 @@ class ZmqEventPublisher final : public BlockEventSink {
   zmq::context_t context_;
   zmq::socket_t pub_;
   std::optional<zmq::socket_t> replay_;
-  std::deque<std::pair<uint64_t, std::string>> replay_buffer_;
+  // Kept payloads, shared by the messages of every replay that sends them: a peer that stops
+  // reading is queued a replay's messages, not copies of its payloads.
+  std::deque<std::pair<uint64_t, std::shared_ptr<const std::string>>> replay_buffer_;
 
   std::atomic<int64_t> published_batches_{0};
   std::atomic<int64_t> published_events_{0};

@@ -165,18 +165,30 @@ def test_bad_requests_are_refused_and_others_keep_running(model):
         engine.submit(p, 128 * 16)
     with pytest.raises(RequestError, match=r"token ids must be in \[0, 512\)"):
         engine.submit([512], 5)
-    with pytest.raises(RequestError, match="top_k must be >= 0"):
+    with pytest.raises(RequestError, match="top_k must be an integer >= 0"):
         engine.submit(p, 4, temperature=1.0, top_k=-1)
+    # Each of these raised in sampling, after admission: the request stayed running with no
+    # token and every later step failed.
+    with pytest.raises(RequestError, match="temperature must be a finite number"):
+        engine.submit(p, 4, temperature=float("nan"))
+    with pytest.raises(RequestError, match="top_k must be an integer"):
+        engine.submit(p, 4, temperature=1.0, top_k=2.5)
+    with pytest.raises(RequestError, match="seed must be an integer"):
+        engine.submit(p, 4, temperature=1.0, seed=1.5)
+    huge = engine.submit(p, 2, temperature=1.0, seed=1 << 62)  # past torch's seed range times 1000003
+    with pytest.raises(ValueError, match="max_batch must be at least 1"):
+        Engine(m, make_cache(model), max_batch=0)
     with pytest.raises(RequestError, match=r"forced token ids must be in \[0, 512\)"):
         engine.submit(p, 2, forced=[3, 512])
     with pytest.raises(ValueError, match="the model has 2 layers but the cache has 3"):
         Engine(m, make_cache(model, layers=3))
     with pytest.raises(ValueError, match="the model has 2 layers but the cache has 1"):
         Engine(m, cache=make_cache(model, layers=1))
-    assert list(engine.running) == [rid] and not engine.waiting
+    assert list(engine.running) == [rid] and engine.waiting == [huge]
     engine.run()
     want, _ = reference(model, p, 20)
     assert engine.results[rid].tokens == want
+    assert len(engine.results[huge].tokens) == 2
 
 
 def test_cancel_frees_a_request_and_leaves_the_rest(model):

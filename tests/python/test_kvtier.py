@@ -104,6 +104,13 @@ def test_sequences_data_and_stats():
     stats = cache.stats()
     assert stats["sequences"] == 2 and stats["tokens"] == 21 + 22
     assert stats["formats"][0]["name"] == "fp16"
+    # Every field of CacheStats is in the dict (compacted_pages was missing).
+    header = (ROOT / "include/kvtier/stats.h").read_text()
+    body = header[header.index("struct CacheStats {"):]
+    body = body[:body.index("\n};")]
+    fields = re.findall(r"^\s+[\w:<>]+\s+(\w+)(?:\s*=[^;]*)?;", body, re.M)
+    assert len(fields) > 30 and "compacted_pages" in fields
+    assert [f for f in fields if f not in stats] == []
     cache.release(child)
     cache.end_step()
     cache.check_consistency()

@@ -24,6 +24,9 @@ not fit fails (`Request.error`). `cancel` ends a request at any time.
 """
 import contextlib
 import dataclasses
+import math
+import numbers
+import operator
 import time
 
 import torch
@@ -84,7 +87,9 @@ class Engine:
 
     def __init__(self, model, cache=None, backend=None, max_batch=64, timer=None):
         """REQUIRES: exactly one of `cache` (a kvtier.Cache for this model: same layer count,
-        KV heads and head_dim, else ValueError naming both) and `backend`."""
+        KV heads and head_dim, else ValueError naming both) and `backend`; max_batch >= 1."""
+        if operator.index(max_batch) < 1:
+            raise ValueError(f"max_batch must be at least 1, not {max_batch}")
         self.model = model
         self.timer = timer or StepTimer(model.device)
         if (cache is None) == (backend is None):
@@ -102,19 +107,25 @@ class Engine:
     def submit(self, prompt, max_new_tokens, temperature=0.0, top_k=0, seed=0, forced=None,
                record_logits=False):
         """Queues a request; returns its id. RequestError (nothing queued) for an empty prompt,
-        max_new_tokens < 1, a negative temperature or top_k, forced tokens fewer than
-        max_new_tokens, token ids (prompt or forced) outside the vocabulary, or a request longer
-        than the budget can ever hold."""
+        max_new_tokens < 1, a temperature that is negative or not finite, a top_k or seed that is
+        not an integer (top_k also negative), forced tokens fewer than max_new_tokens, token ids
+        (prompt or forced) outside the vocabulary, or a request longer than the budget can ever
+        hold."""
         prompt = [int(t) for t in prompt]
         vocab = self.model.config.vocab_size
         if not prompt:
             raise RequestError("the prompt has 0 tokens: a request needs at least one")
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
-        if temperature < 0:
-            raise RequestError(f"temperature must be >= 0, not {temperature}")
-        if top_k < 0:
-            raise RequestError(f"top_k must be >= 0 (0: the whole vocabulary), not {top_k}")
+        if not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) \
+                or temperature < 0:
+            raise RequestError(f"temperature must be a finite number >= 0, not {temperature!r}")
+        if not isinstance(top_k, numbers.Integral) or top_k < 0:
+            raise RequestError(f"top_k must be an integer >= 0 (0: the whole vocabulary), "
+                               f"not {top_k!r}")
+        if not isinstance(seed, numbers.Integral):
+            raise RequestError(f"seed must be an integer, not {seed!r}")
+        temperature, top_k, seed = float(temperature), int(top_k), int(seed)
         if forced is not None:
             forced = [int(t) for t in forced]
             if len(forced) < max_new_tokens:
@@ -283,5 +294,5 @@ def sample(logits, req, index):
         kth = torch.topk(scaled, min(req.top_k, scaled.numel())).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1).cpu()
-    gen = torch.Generator().manual_seed(req.seed * 1000003 + index)
+    gen = torch.Generator().manual_seed((req.seed * 1000003 + index) % (1 << 64))
     return int(torch.multinomial(probs, 1, generator=gen))
