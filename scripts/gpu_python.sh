@@ -9,6 +9,7 @@
 #      kvtier's fused kernel vs all of them), tests/gpu/python/prepared_append_cuda.py (the
 #      prepared append from PyTorch, a CUDA graph replayed), tests/gpu/python/
 #      write_kv_lifetime_cuda.py (write_kv holds its tensors until their copy is done),
+#      tests/gpu/python/bindings_cuda.py (calibration and merge_states on CUDA),
 #      kvtier_gpu_bench if the bundle has it (kvtier's kernel alone), then
 #      tests/bench/decode_bench.py (decode side by side), each under `timeout`, logs and JSON
 #      under $OUT (default ./gpu-out), then the peers' table (tests/bench/peers_table.py), and
@@ -165,6 +166,7 @@ step validate "${VALIDATE_TIMEOUT:-300}" python3 tests/gpu/python/validate_exter
   --out "$out/validate.json"
 step prepared_append "${APPEND_TIMEOUT:-120}" python3 tests/gpu/python/prepared_append_cuda.py
 step write_kv_lifetime 120 python3 tests/gpu/python/write_kv_lifetime_cuda.py
+step bindings 60 python3 tests/gpu/python/bindings_cuda.py
 kernel_json=()
 if [ -x bundle/kvtier_gpu_bench ] && [ "${KVTIER_CPP_BENCH:-1}" != 0 ]; then
   step cpp_bench "${CPP_BENCH_TIMEOUT:-180}" bundle/kvtier_gpu_bench "$out/bench.json"
@@ -187,6 +189,7 @@ grep -E "validate_external: " "$out/validate.log" 2>/dev/null | tee -a "$summary
 grep -E "^FAIL |prepared_append_cuda: " "$out/prepared_append.log" 2>/dev/null | tee -a "$summary"
 grep -E "^FAIL |write_kv_lifetime_cuda: " "$out/write_kv_lifetime.log" 2>/dev/null |
   tee -a "$summary"
+grep -E "^FAIL |bindings_cuda: " "$out/bindings.log" 2>/dev/null | tee -a "$summary"
 grep -E "method\(s\) failed|^wrote " "$out/decode_bench.log" 2>/dev/null | tee -a "$summary"
 say "overall: $([ $status = 0 ] && echo PASS || echo FAIL)"
 exit $status

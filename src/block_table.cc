@@ -24,8 +24,6 @@ uint32_t BlockTable::Allocate(uint8_t format, uint32_t page) {
   b.offloaded_children = 0;
   b.indexed = false;
   b.priority = 0;
-  b.vote_tier = 0;
-  b.votes = 0;
   b.attention = 0;
   return index;
 }

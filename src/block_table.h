@@ -39,8 +39,6 @@ struct BlockMeta {
   uint8_t priority = 0;        // eviction level once cached
   bool indexed = false;        // in the prefix index
   BlockState state = BlockState::kFree;
-  uint8_t vote_tier = 0;       // a shared block moves to this tier once votes reach ref_count
-  uint16_t votes = 0;          // sharers whose age for the block has crossed into vote_tier
   // Largest weight x sequence blocks reported (Cache::RecordAttention), as PackAttention.
   uint16_t attention = 0;
   uint32_t born_ms = 0;        // cache clock at allocation

@@ -190,6 +190,27 @@ absl::StatusOr<PoolInfo> CacheImpl::GetPool(int32_t format, int32_t layer) const
   return info;
 }
 
+absl::Status CacheImpl::CheckTablesHeld(const PageTables& tables) const {
+  MutexLock lock(&mu_);
+  std::vector<std::vector<bool>> held(num_formats());  // [format][page]
+  for (uint32_t b = 0; b < pool_.blocks().capacity(); ++b) {
+    const BlockMeta& m = pool_[b];
+    if (m.state != BlockState::kInUse && m.state != BlockState::kCached) continue;
+    std::vector<bool>& pages = held[m.format];
+    if (pages.size() <= m.page) pages.resize(m.page + 1);
+    pages[m.page] = true;
+  }
+  for (size_t e = 0; e < tables.packed.size(); ++e) {
+    const uint32_t format = PackedFormat(tables.packed[e]), page = PackedPage(tables.packed[e]);
+    if (format >= held.size() || page >= held[format].size() || !held[format][page]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "page table entry ", e, " names page ", page, " of format ", format,
+          ", which holds no block now: tables from before the cache changed, or another cache's"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Blocks ahead whose metadata BuildPageTables prefetches.
 constexpr size_t kMetaPrefetch = 16;
 

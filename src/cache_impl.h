@@ -8,6 +8,7 @@
 #ifndef KVTIER_SRC_CACHE_IMPL_H_
 #define KVTIER_SRC_CACHE_IMPL_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "kvtier/cache.h"
 #include "src/backend.h"
@@ -54,6 +56,7 @@ class CacheImpl final : public Cache {
   absl::Status ReadKV(SequenceId seq, int32_t layer, absl::Span<float> k,
                       absl::Span<float> v) const override;
   absl::StatusOr<PoolInfo> GetPool(int32_t format, int32_t layer) const override;
+  absl::Status CheckTablesHeld(const PageTables& tables) const override;
   absl::Status BuildPageTables(absl::Span<const SequenceId> batch,
                                PageTables* tables) const override;
   absl::Status Demote(absl::Span<const BlockId> blocks, int32_t format) override;
@@ -188,9 +191,12 @@ class CacheImpl final : public Cache {
   absl::Status CompactSlot(int format, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues into demote_queue_ the blocks of `seq` that crossed a tier boundary.
   void AgeSequence(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `seq`, about to drop its reference to its block `position`, leaves that block's vote: its
-  // vote is withdrawn if it cast one, and the block is queued when every remaining sharer has
-  // voted.
+  // Counts a sharer's crossing of shared block `b` into tiers from + 1 to k (it had voted up to
+  // `from` before); returns the coldest tier up to k every sharer has crossed (0: none).
+  int VoteCrossed(uint32_t b, int from, int k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `seq`, about to drop its reference to its block `position`, leaves that block's votes: those
+  // its cursors cast are withdrawn, and the block is queued for the coldest tier every remaining
+  // sharer has crossed.
   void LeaveVote(const Sequence& seq, size_t position) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkDirty(SequenceId id, Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkAllDirty() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -227,6 +233,10 @@ class CacheImpl final : public Cache {
   std::optional<ActivePolicy> policy_ ABSL_GUARDED_BY(mu_);
   bool under_pressure_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<SequenceId> dirty_ ABSL_GUARDED_BY(mu_);
+  // Shared blocks' votes, by block index: [k] sharers whose age for the block has crossed tier
+  // k's bound (saturating at 65535; crossing k counts for every tier up to k). A shared block
+  // moves to tier k once all have. Kept for blocks with a vote and more than one holder.
+  absl::flat_hash_map<uint32_t, std::array<uint16_t, 8>> shared_votes_ ABSL_GUARDED_BY(mu_);
   // [target format] Blocks the policy moves colder, by id: a block that cannot move in its
   // step stays queued, and its index may name another block by the next.
   std::vector<std::vector<BlockId>> demote_queue_ ABSL_GUARDED_BY(mu_);

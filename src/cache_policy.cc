@@ -51,7 +51,7 @@ absl::Status CacheImpl::SetPolicy(const Policy& policy) {
   for (SequenceId id : dirty_) {
     if (Sequence* seq = sequences_.Find(id)) seq->tier_cursor.fill(0);
   }
-  for (uint32_t b = 0; b < pool_.blocks().capacity(); ++b) pool_[b].votes = 0;
+  shared_votes_.clear();
   for (std::vector<BlockId>& queue : demote_queue_) queue.clear();
   return absl::OkStatus();
 }
@@ -123,6 +123,7 @@ void CacheImpl::AgeSequence(Sequence& seq) {
   const int64_t s = options_.geometry.block_tokens;
   const int64_t full = seq.num_tokens / s;
   const double scale = under_pressure_ ? p.window_scale : 1.0;
+  const std::array<int64_t, 8> before = seq.tier_cursor;  // blocks voted for before this step
   // n[k]: leading blocks old enough for tier k (n[0] = all full blocks, n[tiers] = 0).
   int64_t n[9] = {};
   n[0] = full;
@@ -134,38 +135,60 @@ void CacheImpl::AgeSequence(Sequence& seq) {
     for (int64_t i = std::max(seq.tier_cursor[k], n[k + 1]); i < n[k]; ++i) {
       if (i * s < p.sink_tokens) continue;  // sinks stay hot
       const uint32_t b = seq.blocks[i];
-      BlockMeta& m = pool_[b];
+      const BlockMeta& m = pool_[b];
       // A block attention singled out stays one tier hotter (in palette[0] out of tier 1).
-      const int tier = p.keep_ratio > 0 && UnpackAttention(m.attention) >= p.keep_ratio ? k - 1 : k;
+      const bool kept = p.keep_ratio > 0 && UnpackAttention(m.attention) >= p.keep_ratio;
+      int tier = kept ? k - 1 : k;
+      if (m.ref_count > 1) {
+        // Shared: it gets no further votes once singled out (a sharer that voted before would
+        // vote twice); else this sequence votes for the tiers it crossed since its last step.
+        if (kept) continue;
+        int from = 0;
+        for (int j = k - 1; j > 0 && from == 0; --j) from = before[j] > i ? j : 0;
+        tier = VoteCrossed(b, from, k);
+      }
       if (tier == 0) continue;
       const int target = std::min<int>(p.tier_format[tier], m.coldest_format);
-      if (target <= m.format) continue;
-      if (m.ref_count > 1) {  // shared: move once every sharer's age has crossed
-        if (m.vote_tier != tier) {
-          m.vote_tier = static_cast<uint8_t>(tier);
-          m.votes = 0;
-        }
-        if (m.votes < kMaxVotes) m.votes += 1;
-        if (m.votes < std::min<uint32_t>(m.ref_count, kMaxVotes)) continue;
-      }
-      demote_queue_[target].push_back(pool_.blocks().IdOf(b));
+      if (target > m.format) demote_queue_[target].push_back(pool_.blocks().IdOf(b));
     }
     seq.tier_cursor[k] = std::max(seq.tier_cursor[k], n[k]);
   }
 }
 
+int CacheImpl::VoteCrossed(uint32_t b, int from, int k) {
+  std::array<uint16_t, 8>& crossed = shared_votes_[b];
+  for (int j = from + 1; j <= k; ++j) {
+    if (crossed[j] < kMaxVotes) crossed[j] += 1;
+  }
+  const uint32_t all = std::min<uint32_t>(pool_[b].ref_count, kMaxVotes);
+  for (int j = k; j > 0; --j) {
+    if (crossed[j] >= all) return j;
+  }
+  return 0;
+}
+
 void CacheImpl::LeaveVote(const Sequence& seq, size_t position) {
   const uint32_t b = seq.blocks[position];
-  BlockMeta& m = pool_[b];
-  if (m.ref_count <= 1) {  // the next sharers vote afresh
-    m.votes = 0;
-    return;
+  const auto it = shared_votes_.find(b);
+  if (it == shared_votes_.end()) return;
+  std::array<uint16_t, 8>& crossed = it->second;
+  // Its cursor for tier k passed the block, so it counted for k (unless it crossed k while it
+  // held the block alone, which moved the block then, or attention kept the block: one vote
+  // fewer, at worst a later move).
+  for (size_t k = 1; k < crossed.size(); ++k) {
+    if (crossed[k] > 0 && static_cast<int64_t>(position) < seq.tier_cursor[k]) crossed[k] -= 1;
   }
-  // It voted for vote_tier when its cursor for that tier passed the block (a block attention
-  // keeps a tier hotter gets its votes from the next tier's cursor, which passes later).
-  if (m.votes > 0 && static_cast<int64_t>(position) < seq.tier_cursor[m.vote_tier]) m.votes -= 1;
-  if (!policy_ || m.votes == 0 || m.votes < std::min<uint32_t>(m.ref_count - 1, kMaxVotes)) return;
-  const int target = std::min<int>(policy_->tier_format[m.vote_tier], m.coldest_format);
+  const BlockMeta& m = pool_[b];
+  const uint32_t remaining = std::min<uint32_t>(m.ref_count - 1, kMaxVotes);
+  int tier = 0;  // the coldest every remaining sharer has crossed
+  if (policy_ && remaining > 0) {
+    for (int k = 1; k < static_cast<int>(policy_->tier_format.size()); ++k) {
+      if (crossed[k] >= remaining) tier = k;
+    }
+  }
+  if (remaining <= 1) shared_votes_.erase(it);  // one holder left: it ages the block alone
+  if (tier == 0) return;
+  const int target = std::min<int>(policy_->tier_format[tier], m.coldest_format);
   if (target > m.format) demote_queue_[target].push_back(pool_.blocks().IdOf(b));
 }
 

@@ -166,12 +166,13 @@ TEST(PolicyAgingTest, SharedBlocksFollowTheirYoungestSharer) {
 }
 
 // An old sequence of 48 prompt tokens and a young one sharing its first two blocks, one token
-// past them; the old one grows by 40 and a step ends (ShortWindows(0)): the old one has voted
-// for block 0 (age 80), the young one not (17), so block 0 is still FP16.
+// past them; the old one grows by `growth` (Default: 40) and a step ends (ShortWindows(0)): the
+// old one has voted for block 0 (age 32 + growth), the young one not (17), so block 0 is still
+// FP16.
 struct Sharers {
   SequenceId old_seq, young;
 };
-Sharers OldVotedYoungNot(Cache& cache) {
+Sharers OldVotedYoungNot(Cache& cache, int64_t growth = 40) {
   std::vector<int32_t> prompt(48);
   for (int i = 0; i < 48; ++i) prompt[i] = 7 * i + 1;
   const SequenceId old_seq = *cache.AddSequence();
@@ -181,10 +182,32 @@ Sharers OldVotedYoungNot(Cache& cache) {
   o.prompt = prompt;
   const SequenceId young = cache.AddSequence(o)->id;
   EXPECT_TRUE(cache.Append(young, 1, &slots).ok());
-  EXPECT_TRUE(cache.Append(old_seq, 40, &slots).ok());
+  EXPECT_TRUE(cache.Append(old_seq, growth, &slots).ok());
   EXPECT_TRUE(cache.EndStep().ok());
   EXPECT_EQ(Formats(cache, old_seq)[0], 0);
   return {old_seq, young};
+}
+
+// Sharers whose ages for a block lie in different tiers: the block moves to each tier once
+// every sharer has crossed into it, and when the younger leaves, to the coldest the older has
+// crossed. A block kept one vote tier at a time reset its count whenever the sharers' tiers
+// differed, so it never moved (and the release withdrew the wrong vote).
+TEST(PolicyAgingTest, SharersInDifferentTiersMoveTheBlockTierByTier) {
+  auto cache = PolicyCache(ShortWindows(0));  // FP16 to age 32, FP8 to 96, then NVFP4
+  const auto [old_seq, young] = OldVotedYoungNot(*cache, 100);  // ages 132 and 17 for block 0
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->Append(young, 15, &slots).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  EXPECT_EQ(Formats(*cache, old_seq)[0], 1);  // young's is 32: both crossed into FP8
+  ASSERT_TRUE(cache->Append(young, 64, &slots).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  EXPECT_EQ(Formats(*cache, old_seq)[0], 2);  // young's is 96: both crossed into NVFP4
+  EXPECT_EQ(Formats(*cache, old_seq)[1], 1);  // young's age for block 1 is 80
+  // The young one leaves: block 1 follows the old one alone (its age 116: NVFP4).
+  ASSERT_TRUE(cache->Release(young).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  EXPECT_EQ(Formats(*cache, old_seq)[1], 2);
+  EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
 }
 
 TEST(PolicyAgingTest, ASharerLeavingBeforeItsVoteLetsTheBlockMove) {

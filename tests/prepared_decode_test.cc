@@ -135,6 +135,32 @@ TEST(PreparedDecodeTest, RefusesBadTablesSpansAndCaches) {
   EXPECT_TRUE(DecodeAttention(*cache, 0, taken, queries, two.View()).ok());
 }
 
+// Tables (and a step) of pages that hold no block now, on the CPU backend: another cache's, or
+// this one's after their sequences were released and their slabs unmapped, are refused
+// (FailedPrecondition); the reference read the unmapped slabs (SIGSEGV).
+TEST(PreparedDecodeTest, StaleTablesAreRefusedOnTheCpuBackend) {
+  auto cache = MustCreate(TestOptions({"fp16", "fp8_e4m3/block_head"}));
+  const std::vector<SequenceId> seqs = WriteBatch(*cache, {40, 20});
+  PageTables tables;
+  ASSERT_TRUE(cache->BuildPageTables(seqs, &tables).ok());
+  EXPECT_TRUE(cache->CheckTablesHeld(tables).ok());
+  absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(*cache, tables);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const auto stale = [](const absl::Status& s) {
+    return s.code() == absl::StatusCode::kFailedPrecondition &&
+           s.message().find("holds no block") != absl::string_view::npos;
+  };
+  auto other = MustCreate(TestOptions({"fp16", "fp8_e4m3/block_head"}));
+  EXPECT_TRUE(stale(other->CheckTablesHeld(tables)));
+  for (SequenceId seq : seqs) ASSERT_TRUE(cache->Release(seq).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  const std::vector<float> q = RandomFloats(2 * kQHeads * 32, 4);
+  Outputs two(2);
+  EXPECT_TRUE(stale(DecodeAttention(*cache, 0, tables, {q, kQHeads, 1.f}, two.View())));
+  EXPECT_TRUE(stale(DecodeAttention(*cache, 0, *step, {q, kQHeads, 1.f}, two.View())));
+}
+
 // Update: a step made with room (max_pages) takes the tables of later steps of the same
 // sequences and then gives their results; tables of another batch, over max_pages, or
 // inconsistent are refused and leave the step as it was.

@@ -21,7 +21,6 @@
 #include "kvtier/merge_states.h"
 #include "kvtier/page_tables.h"
 #include "src/attention/attention_contract.h"
-#include "src/attention/reference_attention.h"
 
 namespace kvtier::python {
 namespace {
@@ -64,12 +63,13 @@ py::tuple Attend(const Cache& cache, int32_t layer, const PageTables& tables, co
   }
   const int64_t batch = qa.shape(0);
   const int32_t heads = static_cast<int32_t>(qa.shape(1));
-  const PagedLayer kv = Value(GetPagedLayer(cache, layer));
   py::array_t<float> out({batch, static_cast<int64_t>(heads), static_cast<int64_t>(g.head_dim)});
   py::array_t<float> lse({batch, static_cast<int64_t>(heads)});
   const float scale = softmax_scale.value_or(1.f / std::sqrt(static_cast<float>(g.head_dim)));
-  Check(PagedDecodeAttention(
-      kv, tables,
+  // The CPU backend's DecodeAttention: the reference, refusing stale tables (their slabs may be
+  // unmapped).
+  Check(DecodeAttention(
+      cache, layer, tables,
       DecodeQueries{absl::MakeConstSpan(qa.data(), qa.size()), heads, scale},
       DecodeOutputs{absl::MakeSpan(out.mutable_data(), out.size()),
                     absl::MakeSpan(lse.mutable_data(), lse.size()), {}, 0, {}}));
@@ -117,10 +117,12 @@ void DecodeAttentionCall(const PyCache& c, int32_t layer, const py::object& batc
 
 // merge_states: two partial states merged on the CPU (numpy) or the GPU (CUDA tensors).
 void MergeStatesCall(const py::object& out_a, const py::object& lse_a, const py::object& out_b,
-                     const py::object& lse_b, const py::object& out, const py::object& lse) {
-  const bool cuda = !py::isinstance<py::array>(out_a) &&
-                    py::hasattr(out_a, "__dlpack_device__") &&
-                    out_a.attr("__dlpack_device__")().cast<py::tuple>()[0].cast<int>() != 1;
+                     const py::object& lse_b, const py::object& out, const py::object& lse,
+                     uintptr_t stream, bool synchronize) {
+  const bool dlpack = !py::isinstance<py::array>(out_a) && py::hasattr(out_a, "__dlpack_device__");
+  const py::tuple device = dlpack ? out_a.attr("__dlpack_device__")().cast<py::tuple>()
+                                  : py::make_tuple(1, 0);  // (kDLCPU, 0)
+  const bool cuda = device[0].cast<int>() != 1;
   const BackendKind backend = cuda ? BackendKind::kCuda : BackendKind::kCpu;
   const py::tuple shape = out_a.attr("shape");
   if (shape.size() < 1) throw py::value_error("out_a must be [..., head_dim]");
@@ -129,13 +131,14 @@ void MergeStatesCall(const py::object& out_a, const py::object& lse_a, const py:
   ss.assign(vs.begin(), vs.end() - 1);
   int64_t rows = 1;
   for (int64_t x : ss) rows *= x;
-  const Placement at{backend, Placement::kAnyDevice};
+  // Every tensor on out_a's device (a tensor elsewhere was read there: an illegal address).
+  const Placement at{backend, cuda ? device[1].cast<int32_t>() : Placement::kAnyDevice};
   const FloatTensor a(out_a, at, vs, "out_a"), b(out_b, at, vs, "out_b");
   const FloatTensor sa(lse_a, at, ss, "lse_a"), sb(lse_b, at, ss, "lse_b");
   const FloatTensor o(out, at, vs, "out"), s(lse, at, ss, "lse");
   Check(MergeStatesOn(backend, a.span(), sa.span(), b.span(), sb.span(), rows,
                       static_cast<int32_t>(vs.back()), o.span(), s.span(),
-                      DeviceLaunch{nullptr, /*synchronize=*/true}));
+                      DeviceLaunch{reinterpret_cast<void*>(stream), synchronize}));
 }
 
 // merge_partial_states: per-format (batch_index, out, lse[, base]) states merged on the CPU.
@@ -146,6 +149,9 @@ py::tuple MergePartialStatesCall(int64_t batch, const py::list& parts) {
   std::vector<PartialState> states;
   int32_t heads = 0, dim = 0;
   for (const py::handle& h : parts) {
+    if (!py::isinstance<py::tuple>(h)) {
+      throw py::type_error("each part is a tuple (batch_index, out, lse[, 'natural' | 'base2'])");
+    }
     const py::tuple t = h.cast<py::tuple>();
     if (t.size() != 3 && t.size() != 4) {
       throw py::value_error("each part is (batch_index, out, lse[, 'natural' | 'base2'])");
@@ -155,6 +161,9 @@ py::tuple MergePartialStatesCall(int64_t batch, const py::list& parts) {
     lses.push_back(FloatArray::ensure(t[2]));
     if (!outs.back() || !lses.back()) {
       throw py::type_error("a part's out and lse must be arrays of numbers");
+    }
+    if (t.size() == 4 && !py::isinstance<py::str>(t[3])) {
+      throw py::type_error("a part's LSE base must be the string 'natural' or 'base2'");
     }
     const std::string base = t.size() == 4 ? t[3].cast<std::string>() : "natural";
     if (base != "natural" && base != "base2") {
@@ -171,6 +180,11 @@ py::tuple MergePartialStatesCall(int64_t batch, const py::list& parts) {
         base == "base2" ? LseBase::kBase2 : LseBase::kNatural});
   }
   if (states.empty()) throw py::value_error("no parts to merge");
+  // The outputs are sized by the caller's batch: bounded before they are allocated.
+  constexpr int64_t kMostRows = int64_t{1} << 24;
+  if (batch < 0 || batch > kMostRows) {
+    throw py::value_error("batch " + std::to_string(batch) + " is outside [0, 2^24]");
+  }
   py::array_t<float> out({batch, int64_t{heads}, int64_t{dim}});
   py::array_t<float> lse({batch, int64_t{heads}});
   Check(MergePartialStates(states, batch, heads, dim,
@@ -237,10 +251,13 @@ void BindAttention(CacheClass& cache, py::module_& m) {
   BindDecode(cache);
   BindReference(cache);
   m.def("merge_states", &MergeStatesCall,
-        "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a,
+        "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a, "stream"_a = 0,
+        "synchronize"_a = true,
         "Merges two partial attention states exactly by natural-log LSE into out/lse (in place; "
         "may alias a or b): outputs [..., head_dim], LSEs [...], all float32; numpy arrays merge "
-        "on the CPU, CUDA tensors (via __dlpack__) with kvtier's merge kernel.");
+        "on the CPU, CUDA tensors (via __dlpack__, all on out_a's device, which must be the "
+        "current one) with kvtier's merge kernel on `stream` (a raw cudaStream_t; 0 for the "
+        "default stream), waiting for it with synchronize (default).");
   m.def("natural_to_base2_lse",
         [](const FloatArrayIn& a) { return ConvertedLse(a, NaturalToBase2Lse); }, "lse"_a);
   m.def("base2_to_natural_lse",

@@ -76,13 +76,14 @@ struct DecodeOutputs {
 // the cache's calls, or a device synchronisation). Not checked.
 // InvalidArgument for inconsistent shapes: spans of the wrong size, num_q_heads not a multiple
 // of num_kv_heads, a sequence whose page count does not match its length, a packed entry naming
-// a format outside the palette or a page outside its pool's reserved pages (a page of a slab the
-// pool has not mapped is not detected, and faults: REQUIRES tables that BuildPageTables made in
-// this step, pages that hold blocks now); also, on CUDA, for a head_dim other
-// than 128, pages of other than 16 tokens, GQA groups over 16, or BF16 pages, which the fused
-// kernel does not read, and for page weights whose scratch, the tables' packed entries (their
-// capacity, for a PreparedDecode) times num_q_heads (each GQA group rounded up to even), would
-// pass 2^32 - 1 floats (the kernel's scratch index).
+// a format outside the palette or a page outside its pool's reserved pages. FailedPrecondition on
+// the CPU backend for a page that holds no block now (Cache::CheckTablesHeld: tables of an
+// earlier step, or of another cache); on CUDA that is not detected, and faults: REQUIRES tables
+// that BuildPageTables made in this step, pages that hold blocks now. InvalidArgument also, on
+// CUDA, for a head_dim other than 128, pages of other than 16 tokens, GQA groups over 16, or BF16
+// pages, which the fused kernel does not read, and for page weights whose scratch, the tables'
+// packed entries (their capacity, for a PreparedDecode) times num_q_heads (each GQA group
+// rounded up to even), would pass 2^32 - 1 floats (the kernel's scratch index).
 // Unavailable in builds without CUDA; Internal for a CUDA error.
 KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
                                            const PageTables& tables, const DecodeQueries& queries,
@@ -94,7 +95,8 @@ KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
 // launch.stream (Create does not synchronize). An engine makes one per step after
 // BuildPageTables and passes it to each layer's call, which on CUDA then does no per-page host
 // work and no copy. Valid, like the tables, until the cache changes (Append, Demote, EndStep):
-// a stale step is not detected, only pages outside the pools are. Move-only.
+// on CUDA a stale step is not detected, only pages outside the pools are (the CPU backend checks
+// its pages, Cache::CheckTablesHeld). Move-only.
 // CUDA streams: the step may be read from any stream. A call on a stream other than Create's
 // first makes that stream wait for the upload (an event recorded by Create), and records the end
 // of its work there; destroying the step frees the device copy on Create's stream once every

@@ -239,6 +239,11 @@ class KVTIER_EXPORT Cache {
   // NotFound for an unknown sequence, leaving `tables` unchanged.
   virtual absl::Status BuildPageTables(absl::Span<const SequenceId> batch,
                                        PageTables* tables) const = 0;
+  // OK when every page `tables` name (their packed entries) holds a block on the device now;
+  // FailedPrecondition naming the first that does not: tables built before the cache changed
+  // (a release, EndStep's moves), or another cache's, whose pages may lie in unmapped slabs.
+  // O(blocks + entries). The CPU backend's attention calls it; on CUDA it is the caller's.
+  virtual absl::Status CheckTablesHeld(const PageTables& tables) const = 0;
 
   // Ends a decode step: runs the policy (demotions planned from the sequences that grew, and
   // window shrinking under pressure), records the backend fence for work issued so far, returns

@@ -15,6 +15,20 @@
 #endif
 
 namespace kvtier {
+namespace {
+
+// The CPU backend's attention: the reference, once the call's shapes are valid (InvalidArgument)
+// and every page it names holds a block (FailedPrecondition: a stale page's slab may be
+// unmapped).
+absl::Status ReferenceOverHeldPages(const Cache& cache, const PagedLayer& kv,
+                                    const PageTables& tables, const DecodeQueries& queries,
+                                    const DecodeOutputs& outputs) {
+  KVTIER_RETURN_IF_ERROR(ValidatePagedDecode(kv, tables, queries, outputs));
+  KVTIER_RETURN_IF_ERROR(cache.CheckTablesHeld(tables));
+  return PagedDecodeAttention(kv, tables, queries, outputs);
+}
+
+}  // namespace
 
 absl::Status DecodeAttention(const Cache& cache, int32_t layer, const PageTables& tables,
                              const DecodeQueries& queries, const DecodeOutputs& outputs,
@@ -22,7 +36,7 @@ absl::Status DecodeAttention(const Cache& cache, int32_t layer, const PageTables
   absl::StatusOr<PagedLayer> kv = GetPagedLayer(cache, layer);
   if (!kv.ok()) return kv.status();
   if (cache.options().backend == BackendKind::kCpu) {
-    return PagedDecodeAttention(*kv, tables, queries, outputs);
+    return ReferenceOverHeldPages(cache, *kv, tables, queries, outputs);
   }
 #if KVTIER_WITH_CUDA
   return CudaDecodeAttention(*kv, tables, queries, outputs, launch);
@@ -114,7 +128,7 @@ absl::Status DecodeAttention(const Cache& cache, int32_t layer, const PreparedDe
   }
   KVTIER_ASSIGN_OR_RETURN(const PagedLayer kv, GetPagedLayer(cache, layer));
   if (cache.options().backend == BackendKind::kCpu) {
-    return PagedDecodeAttention(kv, rep.tables, queries, outputs);
+    return ReferenceOverHeldPages(cache, kv, rep.tables, queries, outputs);
   }
 #if KVTIER_WITH_CUDA
   return CudaDecodeAttention(kv, *rep.device, rep.extent, queries, outputs, launch);

@@ -438,6 +438,12 @@ def test_partition_and_merge_equals_whole_attention():
         kvtier.merge_partial_states(len(seqs), [(idx, po, "base2")])
     with pytest.raises(TypeError):  # a row index that is not an integer
         kvtier.merge_partial_states(len(seqs), [(np.array([0.9]), po[:1], pl[:1])])
+    with pytest.raises(TypeError):  # a part that is not a tuple (was RuntimeError)
+        kvtier.merge_partial_states(len(seqs), [[idx, po, pl]])
+    with pytest.raises(TypeError):  # a base that is not a string
+        kvtier.merge_partial_states(len(seqs), [(idx, po, pl, 2)])
+    with pytest.raises(ValueError, match="outside"):  # sized before any check (2^40 x 4 x D)
+        kvtier.merge_partial_states(1 << 40, parts)
 
 
 def test_decode_attention_on_the_cpu_backend_is_the_reference():
@@ -650,3 +656,25 @@ def test_remote_tier_shares_a_prefix_between_two_caches():
     with pytest.raises(ValueError, match="remote_secret"):
         kvtier.Cache(num_kv_heads=H, head_dim=D, remote_tier_url=f"redis://127.0.0.1:{port}",
                      remote_model_id="m", remote_secret="too short")
+
+
+def test_stale_page_tables_are_refused_not_read():
+    # Tables whose pages were freed and whose slab was unmapped (the reference read it: SIGSEGV),
+    # and the same tables given to another cache.
+    cache = kvtier.Cache(num_layers=1, num_kv_heads=1, head_dim=64)
+    seq, _ = cache.add_sequence()
+    z = np.zeros((16, 1, 64), np.float16)
+    cache.write_kv(0, cache.append(seq, 16), z, z)
+    tables = cache.build_page_tables([seq])
+    q = np.zeros((1, 1, 64), np.float32)
+    other = kvtier.Cache(num_layers=1, num_kv_heads=1, head_dim=64)
+    with pytest.raises(RuntimeError, match="holds no block"):
+        other.reference_attention(0, tables, q)
+    cache.reference_attention(0, tables, q)
+    cache.release(seq)
+    cache.end_step()
+    cache.end_step()
+    with pytest.raises(RuntimeError, match="holds no block"):
+        cache.reference_attention(0, tables, q)
+    with pytest.raises(RuntimeError, match="holds no block"):
+        cache.decode_attention(0, tables, q, np.zeros_like(q), np.zeros((1, 1), np.float32))
