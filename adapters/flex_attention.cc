@@ -66,6 +66,11 @@ absl::Status GatherFlexKV(const Cache& cache, int32_t format, int32_t layer,
                                                      p.pool.capacity_pages, " pages)"));
     }
   }
+  // A page that holds no block now (source_pages of tables from before a release and an
+  // EndStep) may lie in a slab returned to the budget: refused, not read.
+  PageTables named;
+  for (int32_t page : pages) named.packed.push_back(PackPage(static_cast<uint32_t>(format), page));
+  KVTIER_RETURN_IF_ERROR(cache.CheckTablesHeld(named));
   const uint8_t* base = static_cast<const uint8_t*>(p.pool.base);
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t* page = base + pages[i] * p.pool.page_bytes;

@@ -408,6 +408,16 @@ TEST(AdaptersTest, TensorRtLlmOffsetsAndFlexGatherReadTheSameBytes) {
                          absl::MakeSpan(small))
                 .code(),
             absl::StatusCode::kInvalidArgument);
+  // The same pages once their sequences are gone and their slab unmapped: refused (they were
+  // read: SIGSEGV).
+  ASSERT_TRUE(cache->Release(a).ok());
+  ASSERT_TRUE(cache->Release(c).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  const absl::Status stale = GatherFlexKV(
+      *cache, 0, layer, flex.source_pages,
+      absl::MakeSpan(reinterpret_cast<uint8_t*>(fk.data()), fk.size() * 2),
+      absl::MakeSpan(reinterpret_cast<uint8_t*>(fv.data()), fv.size() * 2));
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
 }
 
 TEST(AdaptersTest, SlotMappingAndDescales) {

@@ -41,8 +41,9 @@ KVTIER_EXPORT absl::StatusOr<std::vector<FlexAttentionPart>> BuildFlexAttentionP
 // A COPY: pages `pages` of (format, layer) into k_out and v_out, each (1, H, pages.size() x S,
 // D) of the format's element type (raw bytes, FP16 or BF16). CPU backend only
 // (FailedPrecondition on the CUDA backend). InvalidArgument for a bad format, layer, output size
-// or a page index outside the pool. REQUIRES: each page is in a mapped slab, as the pages of
-// tables built since the last EndStep are (a page of a slab returned to the budget faults).
+// or a page index outside the pool; FailedPrecondition for a page that holds no block now
+// (Cache::CheckTablesHeld: pages of tables from before the cache changed, whose slab may have
+// returned to the budget).
 KVTIER_EXPORT absl::Status GatherFlexKV(const Cache& cache, int32_t format, int32_t layer,
                                         absl::Span<const int32_t> pages, absl::Span<uint8_t> k_out,
                                         absl::Span<uint8_t> v_out);
