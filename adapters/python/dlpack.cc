@@ -68,8 +68,8 @@ DlpackImport::DlpackImport(const py::object& obj, const Placement& placement,
   const int32_t d = t.device.device_type;
   const bool cuda = placement.backend == BackendKind::kCuda;
   if (cuda ? (d != 2 && d != 13) : (d != 1 && d != 3)) {
-    throw py::value_error(what + (cuda ? " must be in CUDA memory for the CUDA backend"
-                                       : " must be in host memory for the CPU backend"));
+    throw py::value_error(what + (cuda ? " must be in CUDA memory (the CUDA backend's)"
+                                       : " must be in host memory (numpy, CPU tensors) here"));
   }
   // CUDA memory (2) is the cache's device's only, CPU memory (1) is device 0 by DLPack's rule;
   // pinned host (3) and managed (13) memory are reachable from every device.
