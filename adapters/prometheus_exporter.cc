@@ -159,13 +159,21 @@ std::vector<MetricFamily> MetricFamilies(const Options& options, const CacheStat
   AddRemote(b, s.remote);
   MetricFamily& migrated = b.Family("kvtier_migrated_blocks_total", "Blocks demoted from one format to another.", MetricType::Counter);
   MetricFamily& migrated_bytes = b.Family("kvtier_migrated_bytes_total", "Bytes read plus written by demotions.", MetricType::Counter);
-  for (const MigrationStats& m : s.migrations) {
-    const std::vector<ClientMetric::Label> labels = {{"from", s.formats[m.from].name}, {"to", s.formats[m.to].name}};
-    Builder::Add(migrated, labels, static_cast<double>(m.blocks));
-    Builder::Add(migrated_bytes, labels, static_cast<double>(m.bytes));
+  // Every pair that can migrate from 0, so that rate() counts a pair's first demotions.
+  for (size_t from = 0; from < s.formats.size(); ++from) {
+    for (size_t to = from + 1; to < s.formats.size(); ++to) {
+      MigrationStats m;
+      for (const MigrationStats& done : s.migrations) {
+        if (done.from == static_cast<int32_t>(from) && done.to == static_cast<int32_t>(to)) m = done;
+      }
+      const std::vector<ClientMetric::Label> labels = {{"from", s.formats[from].name}, {"to", s.formats[to].name}};
+      Builder::Add(migrated, labels, static_cast<double>(m.blocks));
+      Builder::Add(migrated_bytes, labels, static_cast<double>(m.bytes));
+    }
   }
   b.Histogram("kvtier_migration_duration_seconds", "Wall time of one demotion batch on the host.", s.migration_seconds);
   b.Counter("kvtier_demotions_under_pressure_total", "Blocks demoted while the watermark was breached.", static_cast<double>(s.demotions_under_pressure));
+  b.Counter("kvtier_policy_demotion_failures_total", "Planned demotions left queued for want of room, once per block per step.", static_cast<double>(s.policy_demotion_failures));
   MetricFamily& failures = b.Family("kvtier_allocation_failures_total", "Appends and demotions refused for room.", MetricType::Counter);
   Builder::Add(failures, {{"reason", "budget"}}, static_cast<double>(s.allocation_failures));
   b.Counter("kvtier_nonfinite_values_total", "NaN or Inf values seen by the append path.", static_cast<double>(s.nonfinite_values));
@@ -182,7 +190,13 @@ std::vector<MetricFamily> MetricFamilies(const Options& options, const CacheStat
 }
 
 std::vector<MetricFamily> CacheCollectable::Collect() const {
-  return MetricFamilies(cache_->options(), cache_->GetStats());
+  std::vector<MetricFamily> families = MetricFamilies(cache_->options(), cache_->GetStats());
+  for (MetricFamily& family : families) {
+    for (ClientMetric& metric : family.metric) {
+      metric.label.insert(metric.label.begin(), labels_.begin(), labels_.end());
+    }
+  }
+  return families;
 }
 
 }  // namespace kvtier

@@ -49,7 +49,9 @@ def load(paths):
             d = json.load(f)
         s = {k: v for k, v in d["settings"].items() if k not in RUN_SETTINGS}
         if settings is not None and s != settings:
-            sys.exit(f"{path}: other settings than the files before it: {s} vs {settings}")
+            print(f"{path}: other settings than the files before it: {s} vs {settings}",
+                  file=sys.stderr)
+            sys.exit(2)  # not the same trials
         settings = s
         for c in d["reference"]["cells"]:
             reference[(c["context_tokens"], c["depth"])] = c
@@ -92,7 +94,8 @@ def same_trials(ref_a, ref_b):
 
 def main(argv):
     if len(argv) < 3:
-        sys.exit(__doc__)
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
     sa, ref_a, arms_a, cells_a = load([argv[1]])
     sb, ref_b, arms_b, cells_b = load(argv[2:])
     if sa != sb:

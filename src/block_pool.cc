@@ -126,6 +126,7 @@ absl::Status BlockPool::EnsureFreePages(int format, uint32_t count, bool may_evi
            pages_->AvailableSlabs(format, after_reclaim);
   };
   if (!short_of_slabs(false)) return pages_->MapSlabs(format, count);
+  if (host_ != nullptr) host_no_room_.assign(host_->num_formats(), 0);
   // Fail before evicting anything when even evicting every evictable block could not make
   // room (an exact count, so a refusal never evicts).
   int64_t evicted = 0;

@@ -206,6 +206,8 @@ class BlockPool {
     uint32_t block, from_format, src_page;
   };
   std::vector<PendingOffload> offloads_;  // in order of offload; empty outside EnsureFreePages
+  // [format] 1 once HostRoomAfterDroppingAll said no in the EnsureFreePages in progress.
+  std::vector<int8_t> host_no_room_;
   // With events: each indexed block's tokens ([block * block_tokens]) and parent identity.
   std::vector<int32_t> event_tokens_;
   // Per block, with events on: the parent hash and extra key its Stored events carry.

@@ -30,10 +30,14 @@ bool BlockPool::MakeHostRoom(int format) {
     const uint32_t victim = host_evictor_.PopVictim(metrics_->steps);
     if (victim == Evictor::kNone) return false;
     // A victim of `format` frees a page of it; one of another format helps only if its slab
-    // empties: before the first such drop, check that dropping all could make room at all.
+    // empties: before the first such drop, check that dropping all could make room at all. A
+    // "no" holds for the rest of the EnsureFreePages (its offloads are pinned until it ends),
+    // so it is asked once there, not once per offload.
+    int8_t& no_room = host_no_room_[format];
     if (blocks_[victim].format != format && !room_checked) {
       room_checked = true;
-      if (!HostRoomAfterDroppingAll(format)) {
+      if (no_room == 0 && !HostRoomAfterDroppingAll(format)) no_room = 1;
+      if (no_room == 1) {
         host_evictor_.AddColdest(victim, blocks_[victim].priority, blocks_[victim].expires_at);
         return false;
       }

@@ -3,6 +3,7 @@
 
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -12,8 +13,9 @@
 namespace kvtier {
 namespace {
 
-std::string Scrape(const Cache& cache) {
-  CacheCollectable collectable(&cache);
+std::string Scrape(const Cache& cache,
+                   std::vector<prometheus::ClientMetric::Label> labels = {}) {
+  CacheCollectable collectable(&cache, std::move(labels));
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, collectable.Collect());
   return out.str();
@@ -46,6 +48,7 @@ TEST(PrometheusExporterTest, ExportsTheDocumentedMetricsWithTheSnapshotsValues) 
            "kvtier_allocation_failures_total{reason=\"budget\"} 0",
            "kvtier_nonfinite_values_total 0",
            "kvtier_demotions_under_pressure_total 0",
+           "kvtier_policy_demotion_failures_total 0",
            "kvtier_sequences 2",
            "kvtier_events_batches_total{outcome=\"dropped\"} 0",
            "kvtier_events_total{outcome=\"published\"} 0",
@@ -66,6 +69,29 @@ TEST(PrometheusExporterTest, ExportsTheDocumentedMetricsWithTheSnapshotsValues) 
     if (line.empty() || line[0] == '#') continue;
     const std::string name = line.substr(0, line.find_first_of("{ "));
     EXPECT_EQ(name.find(':'), std::string::npos) << name;
+  }
+}
+
+// Every pair of the palette that can migrate is exported from 0 (a pair appeared only with its
+// first demotions, which rate() then never counted); a collectable's labels go on every series.
+TEST(PrometheusExporterTest, MigrationPairsStartAtZeroAndLabelsTellCachesApart) {
+  Options o = testing::SmallOptions();
+  o.palette = {*ParseFormat("fp16"), *ParseFormat("fp8_e4m3/block_head"),
+               *ParseFormat("nvfp4/block_head")};
+  auto cache = testing::MustCreate(o);
+  const std::string text = Scrape(*cache, {{"rank", "1"}});
+  for (const char* line : {
+           "kvtier_migrated_blocks_total{rank=\"1\",from=\"fp16\",to=\"fp8_e4m3/block_head\"} 0",
+           "kvtier_migrated_blocks_total{rank=\"1\",from=\"fp16\",to=\"nvfp4/block_head\"} 0",
+           "kvtier_migrated_bytes_total{rank=\"1\",from=\"fp8_e4m3/block_head\",to=\"nvfp4/block_head\"} 0",
+           "kvtier_usage_ratio{rank=\"1\"} 0",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+  }
+  EXPECT_EQ(text.find("to=\"fp16\""), std::string::npos);  // nothing migrates to the hot format
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty() && line[0] != '#') EXPECT_NE(line.find("rank=\"1\""), std::string::npos) << line;
   }
 }
 

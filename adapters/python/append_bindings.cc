@@ -63,8 +63,8 @@ void BindAppend(CacheClass& cache, py::module_& m) {
            },
            "slots"_a,
            "Makes the step the one of `slots` (as append_batch returns them; at most max_rows), "
-           "checked as write_kv checks them (ValueError naming the first bad slot; the step "
-           "unchanged). On CUDA, copies them into the step's device buffers on its stream, after "
+           "checked as write_kv checks them (ValueError naming the first bad slot, RuntimeError for "
+           "a slot in a block another sequence shares; the step unchanged). On CUDA, copies them into the step's device buffers on its stream, after "
            "the cache's own work issued so far, so that a captured CUDA graph replays over the "
            "new slots.")
       .def("after_graph_launch", [](PreparedAppend& s) { Check(s.AfterGraphLaunch()); },

@@ -193,8 +193,9 @@ void BindShape(CacheClass& cache) {
            "`host_tier_bytes`: host memory below the device pools for offloaded blocks "
            "(docs/tiers.md; 0: none), `host_tier_format`: the palette index they are stored in "
            "(-1: their own); `kv_events_*`: KV events for routers, as the Options fields of the "
-           "same names (docs/events.md); `remote_*`: the Redis remote tier, as the Options "
-           "fields of the same names (docs/tiers.md); `key_rotation`: 'none' or 'hadamard' (keys "
+           "same names (docs/events.md); `remote_tier_url`, `remote_model_id`, `remote_secret`, "
+           "`remote_timeout_ms`: the Redis remote tier, as the Options fields of the same names "
+           "(docs/tiers.md; the write queue and fetch limits keep their defaults); `key_rotation`: 'none' or 'hadamard' (keys "
            "stored rotated; decode attention rotates queries, read_kv un-rotates, the "
            "external-kernel adapters refuse the cache; docs/formats.md; default: the one the "
            "policy preset is meant for, 'hadamard' for 'balanced_rot', else 'none'), "
@@ -381,7 +382,7 @@ void BindData(CacheClass& cache) {
                              "k_scale_offset"_a = p.k_scale_offset,
                              "v_scale_offset"_a = p.v_scale_offset,
                              "k_tensor_scale"_a = p.k_tensor_scale,
-                             "v_tensor_scale"_a = p.v_tensor_scale);
+                             "v_tensor_scale"_a = p.v_tensor_scale, "device_id"_a = p.device_id);
            },
            "format"_a, "layer"_a);
 }

@@ -228,10 +228,7 @@ absl::StatusOr<RunResult> ReplayWorkload(const Policy& policy, const ReplayOptio
   RunResult result;
   const Options options = CacheOptions(policy, o);
   KVTIER_RETURN_IF_ERROR(StartRun(policy, options, &result));
-  if (exposer != nullptr) {
-    result.collectable = std::make_shared<CacheCollectable>(result.cache.get());
-    exposer->RegisterCollectable(result.collectable);
-  }
+  if (exposer != nullptr) result.collectable = ExposedCollectable(exposer, result.cache.get());
   const auto started = std::chrono::steady_clock::now();
   Workload workload(o.workload);
   Replayer replayer(o, options.geometry, &result, &workload);

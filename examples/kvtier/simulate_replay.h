@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,6 +19,34 @@
 #include "prometheus/exposer.h"
 
 namespace kvtier::tool {
+
+// A CacheCollectable registered with an Exposer until this is destroyed or reassigned: it is
+// removed then, before the cache it reads goes (a scrape in progress holds its own reference to
+// it, so dropping it would not be enough). Move-only.
+class ExposedCollectable {
+ public:
+  ExposedCollectable() = default;
+  ExposedCollectable(prometheus::Exposer* exposer, const Cache* cache)
+      : exposer_(exposer), collectable_(std::make_shared<CacheCollectable>(cache)) {
+    exposer_->RegisterCollectable(collectable_);
+  }
+  ExposedCollectable(ExposedCollectable&& other) noexcept { *this = std::move(other); }
+  ExposedCollectable& operator=(ExposedCollectable&& other) noexcept {
+    Remove();
+    exposer_ = std::exchange(other.exposer_, nullptr);
+    collectable_ = std::move(other.collectable_);
+    return *this;
+  }
+  ~ExposedCollectable() { Remove(); }
+
+ private:
+  void Remove() {
+    if (exposer_ != nullptr) exposer_->RemoveCollectable(collectable_);
+    exposer_ = nullptr;
+  }
+  prometheus::Exposer* exposer_ = nullptr;
+  std::shared_ptr<CacheCollectable> collectable_;
+};
 
 struct ReplayOptions {
   int64_t steps = 1000;
@@ -41,7 +70,7 @@ struct Sample {
 struct RunResult {
   std::string policy;
   std::unique_ptr<Cache> cache;
-  std::shared_ptr<CacheCollectable> collectable;  // serves `cache` while it lives
+  ExposedCollectable collectable;  // serves `cache`; declared after it, so removed first
   std::vector<Sample> samples;
   CacheStats final_stats;
   double mean_running = 0;       // over the second half of the run

@@ -66,7 +66,7 @@ struct BlockInfo {
 };
 
 // One (format, layer) pool as external kernels see it: page p starts at
-// base + p * page_bytes, and each part of a page sits at a fixed offset (see FORMATS.md).
+// base + p * page_bytes, and each part of a page sits at a fixed offset (docs/formats.md).
 // Only pages inside mapped slabs are accessible; touching another faults.
 struct PoolInfo {
   void* base = nullptr;
@@ -208,7 +208,8 @@ class KVTIER_EXPORT Cache {
   // block's current format (blocks only move down the palette). Scales come from each block's
   // own data. The old pages are reclaimed after the step's fence. All or nothing:
   // NotFound (stale id), InvalidArgument (format out of range or not colder, a block listed
-  // twice), FailedPrecondition (a partial block: the tail stays hot), ResourceExhausted.
+  // twice), FailedPrecondition (a partial block: the tail stays hot; a block in the host tier; a
+  // format colder than a sharer's SequenceOptions::coldest_format allows), ResourceExhausted.
   virtual absl::Status Demote(absl::Span<const BlockId> blocks, int32_t format) = 0;
 
   // Runs `policy` from the next EndStep on: each step demotes the blocks whose age crossed a tier

@@ -1,7 +1,7 @@
 // Merging partial attention states by their log-sum-exp: attend the parts of a sequence
 // separately (e.g. a shared prefix and a suffix, or one call per page format), then combine
 //   s = log(e^sa + e^sb),  v = (va e^sa + vb e^sb) / (e^sa + e^sb)
-// exactly (design/ADAPTERS.md). LSEs are natural logs.
+// exactly (docs/adapters.md). LSEs are natural logs.
 //
 // Thread-safety: the functions are thread-compatible (no shared state).
 #ifndef KVTIER_MERGE_STATES_H_

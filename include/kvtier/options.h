@@ -64,8 +64,8 @@ struct Options {
 
   // Formats blocks may take, hottest first. palette[0] is the hot format: the partially filled
   // tail block of every sequence is in it, so it must encode tokens one at a time (FP16, BF16,
-  // or FP8/NVFP4 with per-tensor or per-(token, head) scales). Blocks only move towards the end
-  // of the palette. REQUIRES: 1 to 8 distinct formats. Default: {FP16}.
+  // FP8 with a per-tensor or per-(token, head) scale, or NVFP4 per tensor). Blocks only move
+  // towards the end of the palette. REQUIRES: 1 to 8 distinct formats. Default: {FP16}.
   std::vector<FormatSpec> palette = {FormatSpec{}};
 
   // Absolute maxima, one per layer, that codecs with ScaleScope::kTensor are scaled for: the

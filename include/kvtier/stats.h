@@ -124,7 +124,8 @@ struct CacheStats {
   bool under_pressure = false;        // the policy's windows are shrunk
   int64_t demotions_under_pressure = 0;  // blocks demoted while under pressure
   int64_t compacted_pages = 0;  // pages moved within their format so a slab could return (EndStep)
-  int64_t policy_demotion_failures = 0;  // planned demotions that found no room (retried later)
+  int64_t policy_demotion_failures = 0;  // planned demotions that found no room, once per block
+                                         // per step it waits (retried later)
   HistogramStats migration_seconds;       // wall time of each demotion batch on the host
   HistogramStats block_lifetime_seconds;  // allocation to free, for freed blocks
   HistogramStats block_idle_before_evict_seconds;  // cached (unreferenced) time of evicted blocks

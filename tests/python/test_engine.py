@@ -348,6 +348,14 @@ def test_metrics_endpoint_serves_the_engine_and_the_cache(model):
     assert "kvtier_engine_steps_total 1" in lines and "kvtier_engine_tokens_total 2" in lines
     assert "kvtier_engine_cache_sequences 1.0" in lines
     assert 'kvtier_engine_cache_format_blocks_in_use{format="fp16"} 3.0' in lines
+    # The nested stats too (they were dropped), and each name's lines together.
+    assert any(line.startswith("kvtier_engine_cache_host_") for line in lines)
+    assert any(line.startswith("kvtier_engine_cache_events_") for line in lines)
+    assert any(line.startswith("kvtier_engine_cache_migration_seconds_count ") for line in lines)
+    names = [line.split("{")[0].split(" ")[0] for line in lines if not line.startswith("#")]
+    for name in set(names):
+        first, count = names.index(name), names.count(name)
+        assert names[first:first + count] == [name] * count, name
 
 
 def test_metrics_render_while_requests_arrive():
@@ -357,8 +365,8 @@ def test_metrics_render_while_requests_arrive():
     import types
     from kvtier_engine.metrics import render
     request = types.SimpleNamespace(tokens=[1, 2], preemptions=0)
-    engine = types.SimpleNamespace(running={}, waiting=[], steps=0, results={},
-                                   kv=types.SimpleNamespace())
+    engine = types.SimpleNamespace(running={}, waiting=[], steps=0, results={}, tokens_total=0,
+                                   preemptions_total=0, kv=types.SimpleNamespace())
     stop = threading.Event()
 
     def submit_forever():

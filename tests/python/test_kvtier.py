@@ -407,6 +407,7 @@ def test_flex_attention_gather_and_tensorrt_llm_offsets():
     (trt,) = cache.tensorrt_llm_parts(tables)
     assert trt["block_offsets"].shape == (3, 2, 3)
     pool = cache.pool(0, 0)
+    assert pool["device_id"] == 0  # DLPack's number for host memory
     page = cache.block_info(cache.sequence_blocks(a)[0])["page"]
     assert trt["block_offsets"][0, 0, 0] * trt["bytes_per_block"] == page * pool["page_bytes"]
     assert trt["block_offsets"][0, 1, 0] == trt["block_offsets"][0, 0, 0] + 1

@@ -101,6 +101,8 @@ class Engine:
         self.results = {}   # request id -> Request
         self._next_id = 0
         self.steps = 0
+        self.tokens_total = 0       # tokens emitted, for /metrics (results may be pruned)
+        self.preemptions_total = 0
 
     # ---- Requests ----
 
@@ -272,6 +274,7 @@ class Engine:
         else:
             token = sample(logits[0], req, len(req.tokens))
         req.tokens.append(int(token))
+        self.tokens_total += 1
         if len(req.tokens) >= req.max_new_tokens:
             req.done = True
             self.kv.release(self.running.pop(rid))
@@ -279,6 +282,7 @@ class Engine:
     def _preempt(self, rid):
         req = self.results[rid]
         req.preemptions += 1
+        self.preemptions_total += 1
         self.kv.release(self.running.pop(rid))
         self.waiting.insert(0, rid)
 

@@ -4,8 +4,10 @@ The kvtier module does not bind the C++ exporter (`kvtier::CacheCollectable`, do
 so this serves, on 127.0.0.1 from a daemon thread, the Prometheus text format (0.0.4) of:
 - the engine's own state: `kvtier_engine_requests{state="running"|"waiting"}`,
   `kvtier_engine_steps_total`, `kvtier_engine_tokens_total`, `kvtier_engine_preemptions_total`;
-- every number of the cache's `stats()`, untyped: `kvtier_engine_cache_<stat>`, and per format
-  `kvtier_engine_cache_format_<stat>{format="..."}`.
+- every number of the cache's `stats()`, untyped: `kvtier_engine_cache_<stat>`, those of its
+  host tier, remote tier and KV events as `kvtier_engine_cache_host_<stat>` (`remote_`,
+  `events_`), a histogram's count and sum as `kvtier_engine_cache_<name>_count` and `_sum`, and
+  per format `kvtier_engine_cache_format_<stat>{format="..."}` (each name's lines together).
 The names are not the C++ exporter's: this is the engine's view, until the module binds it.
 
     server = MetricsServer(engine, port=0)   # 0: any free port; server.port says which
@@ -24,25 +26,35 @@ def render(engine):
     lines = ["# TYPE kvtier_engine_requests gauge",
              f'kvtier_engine_requests{{state="running"}} {len(engine.running)}',
              f'kvtier_engine_requests{{state="waiting"}} {len(engine.waiting)}']
-    # A copy made in one call under the GIL: the engine thread may add requests meanwhile.
-    results = list(engine.results.values())
-    for name, value in (("steps", engine.steps),
-                        ("tokens", sum(len(r.tokens) for r in results)),
-                        ("preemptions", sum(r.preemptions for r in results))):
+    # The engine's running totals: counters that never go down, whatever happens to results.
+    for name, value in (("steps", engine.steps), ("tokens", engine.tokens_total),
+                        ("preemptions", engine.preemptions_total)):
         lines += [f"# TYPE kvtier_engine_{name}_total counter",
                   f"kvtier_engine_{name}_total {value}"]
     cache = getattr(engine.kv, "cache", None)
     if cache is not None:
         stats = cache.stats()
-        for key, value in stats.items():
-            if isinstance(value, (int, float)):
-                lines.append(f"kvtier_engine_cache_{key} {float(value)}")
-        for fmt in stats["formats"]:
-            for key, value in fmt.items():
-                if key != "name":
-                    lines.append(f'kvtier_engine_cache_format_{key}{{format="{fmt["name"]}"}} '
-                                 f"{float(value)}")
+        lines += _numbers("kvtier_engine_cache_", stats)
+        for tier in ("host", "remote", "events"):
+            lines += _numbers(f"kvtier_engine_cache_{tier}_", stats.get(tier, {}))
+        formats = stats["formats"]
+        for key in (formats[0].keys() if formats else ()):
+            if key != "name":
+                lines += [f'kvtier_engine_cache_format_{key}{{format="{f["name"]}"}} '
+                          f"{float(f[key])}" for f in formats]
     return "\n".join(lines) + "\n"
+
+
+def _numbers(prefix, stats):
+    """Lines of `stats`' numbers (booleans as 0/1), and of its histograms' count and sum."""
+    lines = []
+    for key, value in stats.items():
+        if isinstance(value, (bool, int, float)):
+            lines.append(f"{prefix}{key} {float(value)}")
+        elif isinstance(value, dict) and {"count", "sum"} <= value.keys():
+            lines += [f"{prefix}{key}_count {float(value['count'])}",
+                      f"{prefix}{key}_sum {float(value['sum'])}"]
+    return lines
 
 
 class MetricsServer:

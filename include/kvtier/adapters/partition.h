@@ -1,4 +1,4 @@
-// Partition by format: one part per palette format present in a batch (design/ADAPTERS.md).
+// Partition by format: one part per palette format present in a batch (docs/adapters.md).
 //
 // Everything in kvtier/adapters/ is built on the host from one PageTables snapshot
 // (Cache::BuildPageTables) and the pools' PoolInfo (Cache::GetPool). Page tables must not
