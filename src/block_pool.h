@@ -18,7 +18,7 @@
 //
 // Events (block_events.h, docs/events.md). With a sink, the pool reports every indexed block
 // that enters or leaves a tier, and keeps each indexed block's tokens and parent identity for
-// the events of its later moves (4 x block_tokens + 8 bytes per block, only with a sink).
+// the events of its later moves (4 x block_tokens + 16 bytes per block, only with a sink).
 //
 // Thread-compatible: the cache's mutex guards it.
 #ifndef KVTIER_SRC_BLOCK_POOL_H_

@@ -202,6 +202,37 @@ TEST(ZmqPublisherTest, AStalledSubscriberIsQueuedAtMostTheReplayBatches) {
       << received;
 }
 
+// The cache's last batch (AllBlocksCleared, at its destruction) is queued whatever
+// kv_events_queue_batches allows: dropped, it left no gap a router could see. Here the queue of
+// one still holds the step before when the cache is destroyed.
+TEST(ZmqPublisherTest, TheLastBatchIsNeverDropped) {
+  for (int round = 0; round < 5; ++round) {
+    Options o = EventOptions("last-" + std::to_string(round));
+    o.kv_events_queue_batches = 1;
+    zmq::context_t context(1);
+    zmq::socket_t sub(context, zmq::socket_type::sub);
+    sub.set(zmq::sockopt::subscribe, "kv@test");
+    sub.set(zmq::sockopt::rcvtimeo, 2000);
+    sub.connect(o.kv_events_endpoint);
+    {
+      std::unique_ptr<Cache> cache = testing::MustCreate(o);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the subscription arrives
+      std::vector<int64_t> slots;
+      ASSERT_TRUE(cache->AppendTokens(*cache->AddSequence(), Tokens(16, 1), &slots).ok());
+      ASSERT_TRUE(cache->EndStep().ok());
+    }
+    std::vector<std::string> tags;
+    std::vector<zmq::message_t> parts;
+    while ((tags.empty() || tags.back() != "AllBlocksCleared") &&
+           zmq::recv_multipart(sub, std::back_inserter(parts))) {
+      for (const std::string& tag : Tags(parts[2])) tags.push_back(tag);
+      parts.clear();
+    }
+    ASSERT_FALSE(tags.empty()) << "round " << round;
+    EXPECT_EQ(tags.back(), "AllBlocksCleared") << "round " << round;
+  }
+}
+
 // The memory this process holds, from /proc/self/statm.
 int64_t ResidentBytes() {
   std::ifstream statm("/proc/self/statm");

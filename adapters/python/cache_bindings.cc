@@ -370,7 +370,8 @@ void BindData(CacheClass& cache) {
             return out;
           },
           "Every block of the prefix index as (hash, medium, palette index): medium 'GPU' for "
-          "the device tier, 'CPU' for the host tier, as KV events name them.")
+          "the device tier, 'CPU' for the host tier, as KV events name them; the hashes are "
+          "kvtier's, also when the events carry vLLM's (kv_events_vllm_hash_seed).")
       .def("pool",
            [](const PyCache& c, int32_t format, int32_t layer) {
              const PoolInfo p = Value((*c).GetPool(format, layer));

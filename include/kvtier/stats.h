@@ -61,7 +61,8 @@ struct HostTierStats {
 struct EventStats {
   int64_t published_batches = 0;  // KVEventBatch messages sent on the PUB socket
   int64_t published_events = 0;   // events in them
-  int64_t dropped_batches = 0;    // batches dropped because the publisher's queue was full
+  int64_t dropped_batches = 0;    // batches dropped: the publisher's queue was full, or (rarely)
+                                  // the PUB socket refused the send
   int64_t dropped_events = 0;     // events in them (a subscriber sees a gap in sequence numbers)
   int64_t replay_requests = 0;    // requests served on the replay socket
   int64_t queued_batches = 0;     // gauge: batches waiting for the publisher thread

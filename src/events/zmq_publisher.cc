@@ -144,15 +144,18 @@ void ZmqEventPublisher::AllBlocksCleared() { pending_.AllBlocksCleared(); }
 void ZmqEventPublisher::EndStep() {
   if (pending_.empty()) return;
   Batch batch{next_seq_++, NowSeconds(), pending_.Take()};
+  // The cache's last batch (AllBlocksCleared, at its destruction) is queued whatever the limit:
+  // dropped, it would leave no gap a router could see, and no replay.
+  const bool last = batch.events.back().kind == KvEvent::Kind::kAllCleared;
   MutexLock lock(&mu_);
-  if (queue_.size() >= queue_limit_) {
+  if (queue_.size() >= queue_limit_ && !last) {
     dropped_batches_.fetch_add(1, std::memory_order_relaxed);
     dropped_events_.fetch_add(static_cast<int64_t>(batch.events.size()),
                               std::memory_order_relaxed);
     return;
   }
   queue_.push_back(std::move(batch));
-  queued_batches_.store(static_cast<int64_t>(queue_.size()), std::memory_order_relaxed);
+  queued_batches_.fetch_add(1, std::memory_order_relaxed);
 }
 
 EventStats ZmqEventPublisher::Stats() const {
@@ -174,9 +177,11 @@ void ZmqEventPublisher::Run() {
       MutexLock lock(&mu_);
       work.swap(queue_);
       stop = stop_;
-      queued_batches_.store(0, std::memory_order_relaxed);
     }
-    for (Batch& batch : work) Send(batch);
+    for (Batch& batch : work) {
+      Send(batch);
+      queued_batches_.fetch_sub(1, std::memory_order_relaxed);  // counted as sent or dropped now
+    }
     if (stop) return;  // stop_ is set after the last batch is queued: nothing is left
     if (replay_) {
       ServeReplay(work.empty() ? kIdleWaitMs : 0);

@@ -258,6 +258,23 @@ def refusing_engine(model, refuses):
     return Engine(m, backend=RefusingKV(cache, m, timer), timer=timer), cache
 
 
+def test_a_prefill_that_raises_releases_its_sequence(model):
+    # Any failure in a prefill, not only MemoryError, releases the sequence it added: it stayed
+    # held, half admitted, for good.
+    class FailingKV(KvtierKV):
+        def write(self, layer, slots, k, v):
+            raise RuntimeError("simulated device failure")
+
+    m = LlamaCompute(model)
+    cache = make_cache(model)
+    timer = StepTimer()
+    engine = Engine(m, backend=FailingKV(cache, m, timer), timer=timer)
+    engine.submit(prompts(tails=(4,))[0], 4)
+    with pytest.raises(RuntimeError, match="simulated"):
+        engine.step()
+    assert cache.stats()["sequences"] == 0 and not engine.running
+
+
 def test_a_request_that_fails_alone_leaves_the_queue_moving(model):
     # A cache that cannot take a prefill of over 100 tokens.
     engine, cache = refusing_engine(model, lambda counts: counts[0] > 100)

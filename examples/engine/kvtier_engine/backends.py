@@ -142,11 +142,12 @@ class ContiguousKV:
     each of `SDPA_CANDIDATES` that takes the call (GQA, the strided BSHD view, a mask when the
     lengths differ) and matches the math backend is timed over three successive lengths, since
     a decode step's length is new every step (cuDNN builds a graph per new length unless
-    TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1, which scripts/gpu_engine.sh sets). `sdpa_choice[batch]`
+    TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1, which bench_engine.py sets). `sdpa_choice[batch]`
     names the winner ("default": torch's own dispatch, when none ran; always so on the CPU) and
     `sdpa_probe_ms[batch]` each candidate's mean ms per call, or "refused" / "wrong". Flash and
     cuDNN take no dense mask: requests of equal length (the benchmark's speed cases) get none;
-    a ragged batch gets one, and so a slower kernel."""
+    a ragged batch gets one, and so a slower kernel (torch's own dispatch, also when the batch
+    size's winner was chosen on equal lengths)."""
 
     SDPA_CANDIDATES = ("cudnn", "flash")
 
@@ -274,7 +275,10 @@ class ContiguousKV:
             if batch not in self.sdpa_choice:
                 choice = self._probe(layer, step, q) if q.is_cuda else ("default", {})
                 self.sdpa_choice[batch], self.sdpa_probe_ms[batch] = choice
-            out = self._sdpa(self.sdpa_choice[batch], q, *self._kv(layer, step, longest), mask)
+            choice = self.sdpa_choice[batch]
+            if mask is not None and choice in self.SDPA_CANDIDATES:
+                choice = "default"  # chosen on equal lengths; neither candidate takes a mask
+            out = self._sdpa(choice, q, *self._kv(layer, step, longest), mask)
             return out[:, :, 0].to(self.model.dtype)
 
     def end_step(self):

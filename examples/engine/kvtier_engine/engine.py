@@ -184,7 +184,7 @@ class Engine:
                 h, cached = self.kv.add(context)
                 try:
                     last = self._prefill(h, context, cached)
-                except MemoryError:
+                except BaseException:  # any failure: the sequence is not kept half-admitted
                     self.kv.release(h)
                     raise
             except MemoryError as e:
