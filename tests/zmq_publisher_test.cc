@@ -54,6 +54,16 @@ Options EventOptions(const std::string& name) {
   return o;
 }
 
+// A SUB socket of `context` on the events of `o` (topic "kv@test"), waiting at most
+// `timeout_ms` for each message.
+zmq::socket_t Subscriber(zmq::context_t& context, const Options& o, int timeout_ms) {
+  zmq::socket_t sub(context, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "kv@test");
+  sub.set(zmq::sockopt::rcvtimeo, timeout_ms);
+  sub.connect(o.kv_events_endpoint);
+  return sub;
+}
+
 TEST(ZmqPublisherTest, RefusedEndpointsAreInvalidArgumentsNamingThem) {
   Options o = testing::SmallOptions();
   o.kv_events_endpoint = "nonsense://x";
@@ -85,10 +95,7 @@ TEST(ZmqPublisherTest, RefusedEndpointsAreInvalidArgumentsNamingThem) {
 TEST(ZmqPublisherTest, PublishesOneBatchPerStepAndReplaysFromASequenceNumber) {
   const Options o = EventOptions("publish");
   zmq::context_t context(1);
-  zmq::socket_t sub(context, zmq::socket_type::sub);
-  sub.set(zmq::sockopt::subscribe, "kv@test");
-  sub.set(zmq::sockopt::rcvtimeo, 5000);
-  sub.connect(o.kv_events_endpoint);
+  zmq::socket_t sub = Subscriber(context, o, 5000);
   std::unique_ptr<Cache> cache = testing::MustCreate(o);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the subscription arrives
   const SequenceId id = cache->AddSequence().value();
@@ -210,10 +217,7 @@ TEST(ZmqPublisherTest, TheLastBatchIsNeverDropped) {
     Options o = EventOptions("last-" + std::to_string(round));
     o.kv_events_queue_batches = 1;
     zmq::context_t context(1);
-    zmq::socket_t sub(context, zmq::socket_type::sub);
-    sub.set(zmq::sockopt::subscribe, "kv@test");
-    sub.set(zmq::sockopt::rcvtimeo, 2000);
-    sub.connect(o.kv_events_endpoint);
+    zmq::socket_t sub = Subscriber(context, o, 2000);
     {
       std::unique_ptr<Cache> cache = testing::MustCreate(o);
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the subscription arrives
