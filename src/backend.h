@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/page_layout.h"
 #include "kvtier/cache.h"
@@ -111,6 +112,11 @@ class Backend {
 };
 
 std::unique_ptr<Backend> MakeCpuBackend();
+
+// Records a fence on `backend` and waits (yielding) until it passes: the device's error when the
+// work before it failed, DeadlineExceeded ("the device has not finished <what> after 2000 ms")
+// when it has not passed in 2 s. For asynchronous backends.
+absl::Status AwaitIssuedWork(Backend& backend, absl::string_view what);
 
 // A cache over `backend` (Cache::Create picks the backend from options.backend; tests pass a
 // fault-injecting one). Errors as Cache::Create's, and ResourceExhausted when the host cannot

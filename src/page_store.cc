@@ -1,9 +1,7 @@
 #include "src/page_store.h"
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/page_codec.h"
@@ -11,9 +9,6 @@
 
 namespace kvtier {
 namespace {
-
-// How long ReclaimAll waits for the device before it gives up (a fence that never passes).
-constexpr std::chrono::milliseconds kFenceWait{2000};
 
 std::vector<PageLayout> MakeLayouts(const Options& o) {
   std::vector<PageLayout> layouts;
@@ -232,19 +227,8 @@ void PageStore::RetireSynchronous() {
 
 absl::Status PageStore::ReclaimAll() {
   if (!backend_->synchronous()) {  // wait for the device so that the pages may be reused at once
-    KVTIER_ASSIGN_OR_RETURN(const uint64_t fence, backend_->RecordFence());
-    const auto deadline = std::chrono::steady_clock::now() + kFenceWait;
-    while (true) {
-      KVTIER_ASSIGN_OR_RETURN(const bool passed, backend_->FencePassed(fence));
-      if (passed) break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "the device has not finished the work issued before this call after ",
-            std::chrono::duration_cast<std::chrono::milliseconds>(kFenceWait).count(),
-            " ms; retired pages stay pending"));
-      }
-      std::this_thread::yield();
-    }
+    KVTIER_RETURN_IF_ERROR(AwaitIssuedWork(
+        *backend_, "the work issued before this call (retired pages stay pending)"));
   }
   ReclaimQueue::Entry e;
   while (reclaim_.PopAny(&e)) pools_[e.format].Free(e.page);

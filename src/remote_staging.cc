@@ -1,17 +1,9 @@
 #include "src/remote_staging.h"
 
-#include <chrono>
-#include <thread>
-
 #include "absl/strings/str_cat.h"
 #include "src/remote_block_codec.h"
 
 namespace kvtier {
-namespace {
-
-constexpr std::chrono::milliseconds kFenceWait{2000};
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<RemoteStaging>> RemoteStaging::Create(const Options& options,
                                                                      Backend* backend) {
@@ -60,20 +52,8 @@ absl::StatusOr<uint32_t> RemoteStaging::Acquire() {
 
 absl::Status RemoteStaging::Drain() {
   if (used_ > 0 && !backend_->synchronous()) {
-    absl::StatusOr<uint64_t> fence = backend_->RecordFence();
-    if (!fence.ok()) return fence.status();
-    const auto deadline = std::chrono::steady_clock::now() + kFenceWait;
-    while (true) {
-      absl::StatusOr<bool> passed = backend_->FencePassed(*fence);
-      if (!passed.ok()) return passed.status();
-      if (*passed) break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "the device has not finished the remote tier's staging copies after ",
-            kFenceWait.count(), " ms"));
-      }
-      std::this_thread::yield();
-    }
+    const absl::Status s = AwaitIssuedWork(*backend_, "the remote tier's staging copies");
+    if (!s.ok()) return s;
   }
   used_ = 0;
   return absl::OkStatus();
