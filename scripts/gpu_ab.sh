@@ -3,7 +3,7 @@
 # ROUNDS rounds, each running `--only CASE BATCH CONTEXT` of every build once, so that a slow
 # spell of the GPU falls on all builds alike. Then the median of each row over the rounds, per
 # build, beside the reference build's.
-#   scripts/gpu_ab.sh DIR "CASE BATCH CONTEXT"|data-plane|decode ...
+#   scripts/gpu_ab.sh DIR "CASE BATCH CONTEXT [--shared-pages N]"|data-plane|decode ...
 # (data-plane: the copy roof, migration and append rows of `--data-plane-only`; decode: every
 # decode row of `--decode-only`, one process timing every shape in turn, where a row can depend
 # on the shapes before it; its rows are named full:ROW)
@@ -52,8 +52,8 @@ for shape in "$@"; do
   elif [ "$shape" = decode ]; then
     args=(--decode-only)
   else
-    read -r case batch context <<<"$shape"
-    args=(--only "$case" "$batch" "$context")
+    read -r -a args <<<"$shape"  # CASE BATCH CONTEXT [--shared-pages N]
+    args=(--only "${args[@]}")
   fi
   for round in $(seq "${ROUNDS:-3}"); do
     for b in "${list[@]}"; do

@@ -19,10 +19,17 @@
 //     that the variants compare); batch 1 also 32 calls back to back (`..._back_to_back`) and
 //     32 calls captured in a CUDA graph, replayed (`..._graph`), and batch 8 x 32K and 128K 32
 //     calls back to back.
-// Usage: kvtier_gpu_bench OUT.json [--decode-only | --data-plane-only | --only CASE BATCH CONTEXT]
+// Usage: kvtier_gpu_bench OUT.json [--decode-only | --data-plane-only |
+//                                  --only CASE BATCH CONTEXT [--shared-pages N]]
 //   --decode-only skips migration and append; --data-plane-only runs the copy roof, migration
 //   and append alone; --only times one decode shape and the read roof alone (for profilers),
-//   e.g. `--only fp8_e4m3_block_head 64 8192`.
+//   e.g. `--only fp8_e4m3_block_head 64 8192`. --shared-pages N draws every sequence's pages of
+//   a format, each sequence in its own order, from N pages (as sequences sharing a prefix do;
+//   the rows gain `_sharedN`). With N small enough for the pages to stay in L2 (a page of 8
+//   heads is 18 KB in NVFP4, 64 KB in FP16), the kernel runs its grid and pages per warp as
+//   from memory, but its loads hit L2: the row times its instruction issue rather than the
+//   memory's bandwidth, which bounds NVFP4 on the H200 (docs/benchmarks.md, session 24) and can
+//   be measured so on an H100, whose slower memory hides it.
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
@@ -608,11 +615,13 @@ class PoolArena {
 
 // Times one launch of the fused decode kernel (with its split merge) over `batch` sequences of
 // `context` tokens, 32 query and 8 KV heads, head_dim 128, pages in shuffled order, once per
-// variant (same pages and queries; the row's bytes are the K/V bytes read). Returns false (and
-// times nothing) when the pools would exceed `max_bytes`.
+// variant (same pages and queries; the row's bytes are the K/V bytes read). With
+// `shared_pages` > 0 every format's pages are drawn, in turn, from at most that many pages of
+// its pool (--shared-pages). Returns false (and times nothing) when the pools would exceed
+// `max_bytes`.
 bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64_t context,
-            size_t max_bytes, PoolArena* arena, const std::vector<DecodeVariant>& variants,
-            std::vector<Result>* out) {
+            int64_t shared_pages, size_t max_bytes, PoolArena* arena,
+            const std::vector<DecodeVariant>& variants, std::vector<Result>* out) {
   constexpr int kKvHeads = 8, kQHeads = 32, kD = 128, kTokens = 16;
   const int64_t pages = (context + kTokens - 1) / kTokens;
   const size_t formats = dc.palette.size();
@@ -622,10 +631,14 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
     layouts.push_back(MakePageLayout(kKvHeads, kTokens, kD, ParseFormat(name).value()));
   }
   for (int64_t i = 0; i < pages; ++i) count[dc.format_of(i, pages)] += batch;
+  std::vector<int64_t> physical = count;  // pages in each pool
+  if (shared_pages > 0) {
+    for (int64_t& n : physical) n = std::min(n, shared_pages);
+  }
   size_t total = 0;
   double read = 0;
   for (size_t f = 0; f < formats; ++f) {
-    total += static_cast<size_t>(count[f]) * layouts[f].page_bytes;
+    total += static_cast<size_t>(physical[f]) * layouts[f].page_bytes;
     read += static_cast<double>(count[f]) * kKvHeads * PageHeadBytes(layouts[f]);
   }
   if (total > max_bytes) return false;
@@ -636,7 +649,7 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
   std::vector<void*> pools(formats, nullptr);
   std::vector<size_t> pool_bytes(formats), offsets(formats + 1, 0);  // offsets 256-aligned
   for (size_t f = 0; f < formats; ++f) {
-    pool_bytes[f] = std::max<size_t>(static_cast<size_t>(count[f]) * layouts[f].page_bytes, 256);
+    pool_bytes[f] = std::max<size_t>(static_cast<size_t>(physical[f]) * layouts[f].page_bytes, 256);
     offsets[f + 1] = offsets[f] + (pool_bytes[f] + 255) / 256 * 256;
   }
   uint8_t* const base = arena->Reserve(offsets[formats]);
@@ -648,22 +661,28 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
     CHECK_CUDA(cudaGetLastError());
     const PageLayout& l = layouts[f];
     const uint32_t scales = (l.page_bytes - l.k.scale_offset) / 4;  // K and V scales, padding
-    FillPageScales<<<4096, 256, 0, stream>>>(static_cast<uint8_t*>(pools[f]), count[f], l.page_bytes,
+    FillPageScales<<<4096, 256, 0, stream>>>(static_cast<uint8_t*>(pools[f]), physical[f], l.page_bytes,
                                               l.k.scale_offset, scales, static_cast<uint32_t>(f + 7));
     CHECK_CUDA(cudaGetLastError());
     p.pools[f] = {static_cast<const uint8_t*>(pools[f]), layouts[f], 0.05f, 0.05f};
-    free_pages[f].resize(count[f]);
+    free_pages[f].resize(physical[f]);
     std::iota(free_pages[f].begin(), free_pages[f].end(), 0u);
     std::shuffle(free_pages[f].begin(), free_pages[f].end(), rng);
   }
+  std::vector<size_t> drawn(formats, 0);  // pages of each format handed out so far
   std::vector<int32_t> indptr(batch + 1, 0), lens(batch, static_cast<int32_t>(context));
   std::vector<uint32_t> packed;
   packed.reserve(static_cast<size_t>(batch) * pages);
   for (int b = 0; b < batch; ++b) {
+    if (shared_pages > 0) {  // each sequence its own order of the shared pages
+      for (size_t f = 0; f < formats; ++f) {
+        std::shuffle(free_pages[f].begin(), free_pages[f].end(), rng);
+        drawn[f] = 0;
+      }
+    }
     for (int64_t i = 0; i < pages; ++i) {
       const int f = dc.format_of(i, pages);
-      packed.push_back(PackPage(f, free_pages[f].back()));
-      free_pages[f].pop_back();
+      packed.push_back(PackPage(f, free_pages[f][drawn[f]++ % free_pages[f].size()]));
     }
     indptr[b + 1] = static_cast<int32_t>(packed.size());
   }
@@ -703,9 +722,14 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
   const std::vector<double> ms =
       TimeDecode(stream, p, variants, static_cast<int64_t>(packed.size()), runs);
   for (size_t v = 0; v < variants.size(); ++v) {
-    char name[160];
-    std::snprintf(name, sizeof(name), "decode_%s_b%d_ctx%lldk_splits%d%s", dc.name, batch,
-                  static_cast<long long>(context / 1024), split.num_splits, variants[v].suffix);
+    char shared[32] = "";
+    if (shared_pages > 0) {
+      std::snprintf(shared, sizeof(shared), "_shared%lld", static_cast<long long>(shared_pages));
+    }
+    char name[192];
+    std::snprintf(name, sizeof(name), "decode_%s_b%d_ctx%lldk_splits%d%s%s", dc.name, batch,
+                  static_cast<long long>(context / 1024), split.num_splits, variants[v].suffix,
+                  shared);
     out->push_back({name, read, ms[v]});
   }
   for (void* ptr : {d_indptr, d_packed, d_lens, d_q, d_out, d_lse, d_work}) CHECK_CUDA(cudaFree(ptr));
@@ -750,10 +774,13 @@ void RunDataPlane(cudaStream_t stream, CudaBackend* backend, std::vector<Result>
 int Main(int argc, char** argv) {
   const bool decode_only = argc == 3 && std::string(argv[2]) == "--decode-only";
   const bool data_plane_only = argc == 3 && std::string(argv[2]) == "--data-plane-only";
-  const bool only = argc == 6 && std::string(argv[2]) == "--only";
-  if (argc != 2 && !decode_only && !data_plane_only && !only) {
+  const bool only = (argc == 6 || (argc == 8 && std::string(argv[6]) == "--shared-pages")) &&
+                    std::string(argv[2]) == "--only";
+  const int64_t shared_pages = argc == 8 ? std::atoll(argv[7]) : 0;
+  if ((argc != 2 && !decode_only && !data_plane_only && !only) || (argc == 8 && shared_pages < 1)) {
     std::fprintf(stderr,
-                 "usage: %s OUT.json [--decode-only | --data-plane-only | --only CASE BATCH CONTEXT]\n",
+                 "usage: %s OUT.json [--decode-only | --data-plane-only |\n"
+                 "       --only CASE BATCH CONTEXT [--shared-pages N (N >= 1)]]\n",
                  argv[0]);
     return 2;
   }
@@ -823,8 +850,8 @@ int Main(int argc, char** argv) {
       }
       for (const DecodeCase& dc : cases) {
         if (only && argv[3] != std::string(dc.name)) continue;
-        if (!Decode(stream, prop.multiProcessorCount, dc, batch, context, size_t{48} << 30,
-                    &arena, variants, &decodes)) {
+        if (!Decode(stream, prop.multiProcessorCount, dc, batch, context, shared_pages,
+                    size_t{48} << 30, &arena, variants, &decodes)) {
           std::printf("skipped decode %s batch %d x %lld tokens: over 48 GiB of pages\n", dc.name,
                       batch, static_cast<long long>(context));
         }
