@@ -54,17 +54,26 @@ __device__ __forceinline__ void StageSide(uint32_t dst, const uint8_t* rows, con
   if constexpr (kRows == 1024) Copy4(dst + kRows + 4 * lane, micro, 4);
 }
 
+// The palette format of the page `entry` names. kOneFormat: the palette has one format (a
+// palette kernel's run-time branch, PagedDecodeKernel), 0 at compile time, so that its plan and
+// pool are operands from the parameters' constant bank, not loaded per page at an index.
+template <bool kOneFormat>
+__device__ __forceinline__ uint32_t FormatOf(uint32_t entry) {
+  return kOneFormat ? 0u : entry >> kPackedFormatShift;
+}
+
 // Starts copying the data of `head` in the page `entry` names into the staged page at shared
 // address dst as the format's plan says, then the 16 K and 16 V scales (lanes 0-15 and 16-31),
 // slot t holding token t's scale: a per-token scale in each slot, a per-block one in every slot,
 // and 0 where the side has none in the page (ScaleLogits adds FormatPlan::scale_add); with 0, 1
 // or 16 scales per head, slot & (count - 1) is the slot's scale. One straight run of copies per
 // pair of side kinds, so that ptxas pads one block of cp.async, not one per side. kKinds: the
-// palette's kinds when every format has the same (kAnyKinds: the plan's).
-template <uint32_t kKinds>
+// palette's kinds when every format has the same (kAnyKinds: the plan's); kOneFormat as
+// FormatOf.
+template <uint32_t kKinds, bool kOneFormat>
 __device__ __forceinline__ void StagePage(const PagedDecodeParams& p, uint32_t entry, int head,
                                           uint32_t dst, int lane) {
-  const uint32_t format = entry >> kPackedFormatShift;
+  const uint32_t format = FormatOf<kOneFormat>(entry);
   const PagedDecodeParams::FormatPlan& plan = p.plans[format];
   const uint8_t* page = p.pools[format].base + static_cast<uint64_t>(entry & kPackedPageMask) *
                                                    p.pools[format].layout.page_bytes;

@@ -196,8 +196,14 @@ const std::vector<std::vector<std::string>>& Palettes() {
       {"fp16", "k:fp16,v:fp8_e4m3/block_head", "fp8_e4m3/block_head", "nvfp4/block_head",
        "nvfp4_channel/block_head", "k:nvfp4_channel/block_head,v:nvfp4/block_head"},
       {"fp8_e4m3/token_head", "nvfp4/block_head"},  // an FP8 hot format: partial FP8 tails
-      {"nvfp4/tensor"},                             // NVFP4 tails
-      // All E4M3 (kernels of their own, decode_launch.cu) and all FP16 (staged, generic kernel).
+      // One format of side kinds with kernels of their own (decode_launch.cu), whose page
+      // loop for one format reads its plan as constants: NVFP4 tails, E4M3 per token and
+      // per tensor.
+      {"nvfp4/tensor"},
+      {"fp8_e4m3/token_head"},
+      {"fp8_e4m3/tensor"},
+      // All E4M3 in three formats (the same kernels' loop for several formats) and all FP16
+      // (staged, generic kernel).
       {"fp8_e4m3/token_head", "fp8_e4m3/block_head", "fp8_e4m3/tensor"},
       {"fp16"},
   };
