@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
       __syncwarp();               // ... and every lane's
       const StagedPage pg = OpenPage<kKinds, kOneFormat>(p, ring, k, i, slot);
       float s[kTiles][4];
-      ComputeLogits<kTiles>(pg, k.g, k.c, query, s);
+      ComputeLogits<kTiles, kKinds>(pg, k.g, k.c, query, s);
       uint32_t pb[kTiles][2], pair_sums[kTiles];
       OnlineSoftmax<kTiles, kUniformV>(p, pg, k.g, s, m_run, l_run, unit, inv_unit, o, pb,
                                        pair_sums);

@@ -158,11 +158,22 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const Deco
   if (kShared || p.rotate_queries) __syncthreads();
 }
 
-// QK of one side kind: quarter m of K's rows (pairs 4m..4m+3) feeds k-steps 2m (into s) and
-// 2m + 1 (into odd), decoded just before its products. Q: QueryFragments.
-template <uint32_t kKind, int kTiles, class Q>
+// QK of one side kind into s (QK's layout): quarter m of K's rows (pairs 4m..4m+3) feeds
+// k-steps 2m and 2m + 1, decoded just before its products, in kChains chains of products summed
+// at the end: 2 (k-steps even and odd) or 4 (quarters even and odd too). Q: QueryFragments.
+template <uint32_t kKind, int kTiles, int kChains, class Q>
 __device__ __forceinline__ void KeyProducts(const RawKeys<kKind>& raw, const Q& q,
-                                            float (&s)[kTiles][4], float (&odd)[kTiles][4]) {
+                                            float (&s)[kTiles][4]) {
+  static_assert(kChains == 2 || kChains == 4);
+  float acc[kChains][kTiles][4];
+#pragma unroll
+  for (int a = 0; a < kChains; ++a) {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[a][t][e] = 0.f;
+    }
+  }
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
     uint32_t k0[4], k1[4];
@@ -170,38 +181,41 @@ __device__ __forceinline__ void KeyProducts(const RawKeys<kKind>& raw, const Q& 
     KeyQuad<kKind>(raw, 1, m, k1);
     const uint32_t a_even[4] = {k0[0], k1[0], k0[1], k1[1]};
     const uint32_t a_odd[4] = {k0[2], k1[2], k0[3], k1[3]};
+    const int chain = kChains == 4 ? 2 * (m % 2) : 0;
 #pragma unroll
     for (int t = 0; t < kTiles; ++t) {
       const uint4 f = q.At(t, m);
-      Mma(s[t], a_even, f.x, f.y);
-      Mma(odd[t], a_odd, f.z, f.w);
+      Mma(acc[chain][t], a_even, f.x, f.y);
+      Mma(acc[chain + 1][t], a_odd, f.z, f.w);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[t][e] = acc[0][t][e] + acc[1][t][e];
+      if constexpr (kChains == 4) s[t][e] += acc[2][t][e] + acc[3][t][e];
     }
   }
 }
 
 // QK: S^T = K Q^T, the logits of tokens g (s[t][0..1]) and g + 8 (s[t][2..3]) for heads
-// 8t + 2c, +1, as two chains of four k-steps; q as KeyProducts. K's FP32 scales are left out.
-template <int kTiles, class Q>
+// 8t + 2c, +1 (KeyProducts); q as KeyProducts. K's FP32 scales are left out. kKinds: the
+// kernel's (PagedDecodeKernel); the all-NVFP4 palettes' kernel sums its products in 4 chains,
+// whose longer decode leaves more of their latency exposed (from L2 at b64 x 32K 4% faster;
+// the generic kernel's NVFP4 pages 1-2% slower so: docs/benchmarks.md, session 30), the others
+// in 2.
+template <int kTiles, uint32_t kKinds, class Q>
 __device__ __forceinline__ void ComputeLogits(const StagedPage& pg, int g, int c, const Q& q,
                                               float (&s)[kTiles][4]) {
-  float odd[kTiles][4];
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[t][e] = odd[t][e] = 0.f;
-  }
+  constexpr int kChains = kKinds == kNvfp4Kinds ? 4 : 2;
   if (pg.direct) {
-    KeyProducts<kFp16Side, kTiles>(LoadKeys<kFp16Side>(pg.direct_k, g, c), q, s, odd);
+    KeyProducts<kFp16Side, kTiles, 2>(LoadKeys<kFp16Side>(pg.direct_k, g, c), q, s);
   } else {
     DispatchSide(pg.kinds & 7, [&](auto kind) {
       constexpr uint32_t kKind = decltype(kind)::value;
-      KeyProducts<kKind, kTiles>(LoadKeys<kKind>(pg.page, g, c), q, s, odd);
+      KeyProducts<kKind, kTiles, kChains>(LoadKeys<kKind>(pg.page, g, c), q, s);
     });
-  }
-#pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[t][e] += odd[t][e];
   }
 }
 
