@@ -160,7 +160,7 @@ bool BlockPool::EvictOne() {
   return true;
 }
 
-void BlockPool::Drop(uint32_t block) {
+void BlockPool::Unlink(uint32_t block) {
   BlockMeta& m = blocks_[block];
   EmitRemoved(m, MediumOf(m));
   if (evictor_.Contains(block)) evictor_.Remove(block);
@@ -172,9 +172,25 @@ void BlockPool::Drop(uint32_t block) {
     Relink(m.parent);
   }
   if (m.state == BlockState::kCached) cached_by_format_[m.format] -= 1;
+}
+
+void BlockPool::Drop(uint32_t block) {
+  Unlink(block);
+  const BlockMeta& m = blocks_[block];
   metrics_->evicted_blocks += 1;
   metrics_->idle_before_evict_seconds.Observe((metrics_->NowMs() - m.idle_since_ms) / 1e3);
   FreeBlock(block);
+}
+
+void BlockPool::Withdraw(uint32_t block) {
+  Unlink(block);
+  BlockMeta& m = blocks_[block];
+  if (m.ref_count == 0) {
+    FreeBlock(block);
+    return;
+  }
+  m.indexed = false;
+  m.parent = BlockTable::kNone;
 }
 
 void BlockPool::Relink(uint32_t block) {

@@ -84,6 +84,11 @@ class BlockPool {
   uint32_t Find(uint64_t hash) const { return index_.Find(hash); }
   // PrefixIndex::Prefetch: before hashing the next block of a prompt, for the lookup after.
   void PrefetchIndex(uint64_t hash) const { index_.Prefetch(hash); }
+  // Takes `block`, indexed and without indexed children, out of the prefix index (a Removed
+  // event), so that no prompt matches it again: unreferenced, it is freed; in use, it stays
+  // with its sequences as a private block (a block indexed under it from now on stays private
+  // too, Publish). Cache::Abandon's, for blocks whose K/V was never written.
+  void Withdraw(uint32_t block);
   // Indexes the full block `block`, whose token ids are `tokens`, under `hash`, child of the
   // block indexed under `parent_hash` (kRootParentHash for the first block); `extra_key` is
   // its sequence's (part of `hash`, kept for the events). False, with nothing changed, when
@@ -124,6 +129,9 @@ class BlockPool {
   void MakeCached(uint32_t block, BlockState state);
   // Removes an unreferenced block from the index and frees it (either tier).
   void Drop(uint32_t block);
+  // Drop's and Withdraw's first half: `block` leaves the index, its tier's evictor and its
+  // parent's children (a Removed event).
+  void Unlink(uint32_t block);
   // Puts `block` into the evictor of its tier when its counts just made it a leaf there.
   void Relink(uint32_t block);
   // Retires a block's page (in its tier) and frees its metadata.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "src/evictor.h"
 #include "src/prefix_hash.h"
@@ -322,14 +323,61 @@ absl::Status CacheImpl::Release(SequenceId id) {
   MutexLock lock(&mu_);
   Sequence* seq = sequences_.Find(id);
   if (seq == nullptr) return UnknownSequence(id);
-  for (size_t i = 0; i < seq->blocks.size(); ++i) {
-    LeaveVote(*seq, i);
-    DropRef(seq->blocks[i], *seq);
+  ReleaseLocked(*seq, id);
+  return absl::OkStatus();
+}
+
+absl::Status CacheImpl::Abandon(SequenceId id) {
+  MutexLock lock(&mu_);
+  Sequence* seq = sequences_.Find(id);
+  if (seq == nullptr) return UnknownSequence(id);
+  WithdrawFreshBlocks(*seq);
+  ReleaseLocked(*seq, id);
+  return absl::OkStatus();
+}
+
+void CacheImpl::ReleaseLocked(Sequence& seq, SequenceId id) {
+  for (size_t i = 0; i < seq.blocks.size(); ++i) {
+    LeaveVote(seq, i);
+    DropRef(seq.blocks[i], seq);
   }
-  metrics_.tokens -= seq->num_tokens;
+  metrics_.tokens -= seq.num_tokens;
   sequences_.Remove(id);
   pages_->RetireSynchronous();
-  return absl::OkStatus();
+}
+
+void CacheImpl::WithdrawFreshBlocks(const Sequence& seq) {
+  const BlockTable& table = pool_.blocks();
+  // The children of each block indexed this step, among the blocks indexed this step: every
+  // descendant of one is one of them (indexed after it).
+  absl::flat_hash_map<uint32_t, std::vector<uint32_t>> children;
+  for (const uint64_t key : indexed_this_step_) {
+    const BlockId id{static_cast<uint32_t>(key >> 32), static_cast<uint32_t>(key)};
+    if (!table.IsLive(id) || !pool_[id.index].indexed) continue;
+    const uint32_t parent = pool_[id.index].parent;
+    if (parent != BlockTable::kNone) children[parent].push_back(id.index);
+  }
+  // The sequence's fresh blocks and their descendants, each after its parent.
+  std::vector<uint32_t> order;
+  absl::flat_hash_set<uint32_t> seen;
+  for (const uint32_t block : seq.blocks) {
+    if (pool_[block].indexed && indexed_this_step_.contains(BlockKey(table.IdOf(block))) &&
+        seen.insert(block).second) {
+      order.push_back(block);
+    }
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto it = children.find(order[i]);
+    if (it == children.end()) continue;
+    for (const uint32_t child : it->second) {
+      if (seen.insert(child).second) order.push_back(child);
+    }
+  }
+  // Leaves first: a block goes once no indexed child is left under it.
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    indexed_this_step_.erase(BlockKey(table.IdOf(*it)));
+    pool_.Withdraw(*it);
+  }
 }
 
 absl::StatusOr<int64_t> CacheImpl::SequenceLength(SequenceId id) const {

@@ -48,6 +48,7 @@ class CacheImpl final : public Cache {
                            absl::Span<const int32_t> tokens, std::vector<int64_t>* slots) override;
   absl::StatusOr<SequenceId> Fork(SequenceId parent) override;
   absl::Status Release(SequenceId seq) override;
+  absl::Status Abandon(SequenceId seq) override;
   absl::StatusOr<int64_t> SequenceLength(SequenceId seq) const override;
   absl::StatusOr<std::vector<BlockId>> SequenceBlocks(SequenceId seq) const override;
   absl::StatusOr<BlockInfo> GetBlockInfo(BlockId block) const override;
@@ -109,6 +110,11 @@ class CacheImpl final : public Cache {
   void Attach(Sequence& seq, uint32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one reference held by `seq` (pool_.Unreferenced at the last).
   void DropRef(uint32_t block, const Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Release's work on the live sequence `seq` (id `id`).
+  void ReleaseLocked(Sequence& seq, SequenceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Abandon's: withdraws from the prefix index the blocks of `seq` in indexed_this_step_ and
+  // their indexed descendants, children first (BlockPool::Withdraw).
+  void WithdrawFreshBlocks(const Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tokens the last block of `seq` can still take (0 when it is full or there is none).
   int64_t TailRoom(const Sequence& seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What appending `num_tokens[i]` to each `batch` sequence needs: pages of the hot format, of

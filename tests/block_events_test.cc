@@ -255,6 +255,26 @@ TEST_F(BlockEventsTest, DemotionChangesTheFormatOfIndexedBlocksOnly) {
   EXPECT_EQ(view, ViewOf(*cache_));
 }
 
+TEST_F(BlockEventsTest, AbandonRemovesTheBlocksIndexedThisStepOnly) {
+  Create(EventOptions(false));
+  const std::vector<int32_t> prompt = Tokens(4 * 16 + 3, 300);
+  const SequenceId first = Compute(std::vector<int32_t>(prompt.begin(), prompt.begin() + 32));
+  ASSERT_TRUE(cache_->EndStep().ok());  // its two blocks are from an earlier step
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(
+      cache_->AppendTokens(first, absl::MakeConstSpan(prompt).subspan(32), &slots).ok());
+  const std::vector<Event> stored = Take(Kind::kStored);
+  ASSERT_EQ(stored.size(), 4u);
+  ASSERT_TRUE(cache_->Abandon(first).ok());
+  const std::vector<Event> removed = Take(Kind::kRemoved);
+  ASSERT_EQ(removed.size(), 2u);  // the last two, the last first
+  EXPECT_EQ(removed[0].hash, stored[3].hash);
+  EXPECT_EQ(removed[1].hash, stored[2].hash);
+  TierView view;
+  for (const Event& e : *log_) Apply(e, &view);
+  EXPECT_EQ(view, ViewOf(*cache_));
+}
+
 TEST_F(BlockEventsTest, DestroyingTheCacheClearsAllBlocks) {
   Create(EventOptions(true));
   Compute(Tokens(64, 0));
@@ -301,7 +321,7 @@ TEST_F(BlockEventsTest, ReplayingTheStreamRebuildsEveryTierOfARandomWalk) {
       live.push_back(cache_->Fork(live[pick()]).value());
     } else if (op < 78) {
       const size_t k = pick();
-      ASSERT_TRUE(cache_->Release(live[k]).ok());
+      ASSERT_TRUE((op < 74 ? cache_->Release(live[k]) : cache_->Abandon(live[k])).ok());
       live.erase(live.begin() + k);
     } else if (op < 88) {
       std::vector<BlockId> hot;
@@ -315,6 +335,7 @@ TEST_F(BlockEventsTest, ReplayingTheStreamRebuildsEveryTierOfARandomWalk) {
       ASSERT_TRUE(cache_->EndStep().ok());
       for (; applied < log_->size(); ++applied) Apply((*log_)[applied], &view);
       ASSERT_EQ(view, ViewOf(*cache_)) << "after operation " << i;
+      ASSERT_TRUE(cache_->CheckConsistency().ok()) << cache_->CheckConsistency();
     }
   }
   for (; applied < log_->size(); ++applied) Apply((*log_)[applied], &view);

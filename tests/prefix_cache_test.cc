@@ -239,6 +239,61 @@ TEST_F(PrefixCacheTest, PrioritiesAndTheirExpiry) {
   EXPECT_EQ(cache_->GetStats().evicted_blocks, 100 + 10 + 10);
 }
 
+// A prefill that failed: the blocks its sequence filled this step leave the index (their K/V
+// was never written), those of earlier steps stay cached and matchable.
+TEST_F(PrefixCacheTest, AbandonWithdrawsOnlyTheBlocksFilledSinceTheLastStep) {
+  const std::vector<int32_t> prompt = Tokens(70, 40);
+  Serve(std::vector<int32_t>(prompt.begin(), prompt.begin() + 33));
+  ASSERT_TRUE(cache_->EndStep().ok());
+  SequenceOptions options;
+  options.prompt = prompt;
+  const AddResult failed = *cache_->AddSequence(options);
+  ASSERT_EQ(failed.cached_tokens, 32);
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache_->AppendTokens(failed.id, absl::MakeConstSpan(prompt).subspan(32), &slots)
+                  .ok());
+  EXPECT_EQ(cache_->GetStats().indexed_blocks, 4);
+  ASSERT_TRUE(cache_->Abandon(failed.id).ok());
+  const CacheStats s = cache_->GetStats();
+  EXPECT_EQ(s.indexed_blocks, 2);
+  EXPECT_EQ(s.formats[0].blocks_cached, 2);
+  EXPECT_EQ(s.formats[0].blocks_in_use, 0);
+  EXPECT_EQ(cache_->AddSequence(options)->cached_tokens, 32);
+  EXPECT_EQ(cache_->Abandon(failed.id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(cache_->Release(failed.id).code(), absl::StatusCode::kNotFound);
+}
+
+// A request admitted with the abandoned blocks' prefix in the same step keeps them, private,
+// and the block it indexed under them leaves the index too; nothing is cached once it goes.
+TEST_F(PrefixCacheTest, ASharerOfAbandonedBlocksKeepsThemPrivate) {
+  const std::vector<int32_t> prompt = Tokens(80, 9);
+  const AddResult owner = *cache_->AddSequence({});
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(
+      cache_->AppendTokens(owner.id, absl::MakeConstSpan(prompt).subspan(0, 48), &slots).ok());
+  SequenceOptions options;
+  options.prompt = absl::MakeConstSpan(prompt).subspan(0, 50);
+  const AddResult sharer = *cache_->AddSequence(options);
+  ASSERT_EQ(sharer.cached_tokens, 48);
+  ASSERT_TRUE(
+      cache_->AppendTokens(sharer.id, absl::MakeConstSpan(prompt).subspan(48, 16), &slots).ok());
+  EXPECT_EQ(cache_->GetStats().indexed_blocks, 4);
+
+  ASSERT_TRUE(cache_->Abandon(owner.id).ok());
+  EXPECT_EQ(cache_->GetStats().indexed_blocks, 0);
+  const std::vector<BlockId> kept = *cache_->SequenceBlocks(sharer.id);
+  ASSERT_EQ(kept.size(), 4u);
+  for (BlockId b : kept) EXPECT_EQ(cache_->GetBlockInfo(b)->ref_count, 1);
+  options.prompt = prompt;
+  EXPECT_EQ(cache_->AddSequence(options)->cached_tokens, 0);
+  // Its next full block has no indexed parent: private too.
+  ASSERT_TRUE(
+      cache_->AppendTokens(sharer.id, absl::MakeConstSpan(prompt).subspan(64, 16), &slots).ok());
+  EXPECT_EQ(cache_->GetStats().indexed_blocks, 0);
+  ASSERT_TRUE(cache_->Release(sharer.id).ok());
+  EXPECT_EQ(cache_->GetStats().formats[0].blocks_cached, 0);
+}
+
 TEST_F(PrefixCacheTest, BadOptions) {
   SequenceOptions o;
   o.coldest_format = 1;

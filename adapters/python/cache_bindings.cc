@@ -269,6 +269,9 @@ void BindSequences(CacheClass& cache) {
            "batch"_a, "num_tokens"_a, "tokens"_a = py::none())
       .def("fork", [](PyCache& c, SequenceId s) { return Value((*c).Fork(s)); }, "parent"_a)
       .def("release", [](PyCache& c, SequenceId s) { Check((*c).Release(s)); }, "seq"_a)
+      .def("abandon", [](PyCache& c, SequenceId s) { Check((*c).Abandon(s)); }, "seq"_a,
+           "Release for a sequence whose K/V was not all written (a failed prefill): the blocks\n"
+           "it filled and indexed since the last end_step leave the prefix index (Cache::Abandon).")
       .def("sequence_length",
            [](const PyCache& c, SequenceId s) { return Value((*c).SequenceLength(s)); }, "seq"_a)
       .def("sequence_blocks",

@@ -178,6 +178,14 @@ class KVTIER_EXPORT Cache {
   // reused only after the backend's fence for this step has passed. NotFound when unknown or
   // already released.
   virtual absl::Status Release(SequenceId seq) = 0;
+  // Release for a sequence whose K/V was not all written (its prefill failed): the blocks it
+  // filled and indexed since the last EndStep, and any indexed under them since, leave the
+  // prefix index (Removed events; no remote write), so that no later prompt matches K/V that
+  // was never written. Such a block that another sequence holds (one admitted meanwhile with
+  // that prefix, which WriteKV lets read the owner's K/V) stays with it, private: abandon that
+  // sequence too. Blocks indexed before the last EndStep stay cached, as after Release.
+  // NotFound when unknown or already released.
+  virtual absl::Status Abandon(SequenceId seq) = 0;
 
   virtual absl::StatusOr<int64_t> SequenceLength(SequenceId seq) const = 0;
   // The blocks of `seq` in order.

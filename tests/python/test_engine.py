@@ -260,7 +260,8 @@ def refusing_engine(model, refuses):
 
 def test_a_prefill_that_raises_releases_its_sequence(model):
     # Any failure in a prefill, not only MemoryError, releases the sequence it added: it stayed
-    # held, half admitted, for good.
+    # held, half admitted, for good. It is abandoned: the prompt blocks it indexed, whose K/V
+    # was never written, are not left for a later request with that prefix to match.
     class FailingKV(KvtierKV):
         def write(self, layer, slots, k, v):
             raise RuntimeError("simulated device failure")
@@ -273,6 +274,7 @@ def test_a_prefill_that_raises_releases_its_sequence(model):
     with pytest.raises(RuntimeError, match="simulated"):
         engine.step()
     assert cache.stats()["sequences"] == 0 and not engine.running
+    assert cache.stats()["indexed_blocks"] == 0
 
 
 def test_a_request_that_fails_alone_leaves_the_queue_moving(model):

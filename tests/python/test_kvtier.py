@@ -120,6 +120,16 @@ def test_sequences_data_and_stats():
     again, cached = cache.add_sequence(prompt=np.arange(20, dtype=np.int32))
     assert cached == 16
     assert cache.palette == ["fp16"]
+    # A failed prefill: what it indexed this step is withdrawn, the older prefix stays.
+    cache.end_step()
+    cache.append_tokens(again, np.arange(16, 36, dtype=np.int32))
+    assert cache.stats()["indexed_blocks"] == 2
+    cache.abandon(again)
+    assert cache.stats()["indexed_blocks"] == 1
+    assert cache.add_sequence(prompt=np.arange(40, dtype=np.int32))[1] == 16
+    with pytest.raises(KeyError):
+        cache.abandon(again)
+    cache.check_consistency()
 
 
 def test_host_tier_offloads_and_a_prefix_hit_brings_blocks_back():

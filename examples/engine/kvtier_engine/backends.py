@@ -18,6 +18,8 @@ The interface (what Engine calls), per request handle `h`:
   prepare(hs)                     this decode step's page tables, once for every layer
   attend(layer, step, q)          decode attention for q [batch, q_heads, head_dim]
   end_step(); release(h)
+  abandon(h)                      release a request whose K/V was not all written (a failed
+                                  prefill): nothing it wrote this step may be matched later
 """
 import time
 
@@ -127,6 +129,9 @@ class KvtierKV:
 
     def release(self, h):
         self.cache.release(h)
+
+    def abandon(self, h):
+        self.cache.abandon(h)
 
 
 _SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
@@ -287,3 +292,5 @@ class ContiguousKV:
     def release(self, h):
         del self.lengths[h]
         self.free.append(h)
+
+    abandon = release  # nothing is shared between requests

@@ -184,8 +184,8 @@ class Engine:
                 h, cached = self.kv.add(context)
                 try:
                     last = self._prefill(h, context, cached)
-                except BaseException:  # any failure: the sequence is not kept half-admitted
-                    self.kv.release(h)
+                except BaseException:  # any failure: the sequence is not kept half-admitted,
+                    self.kv.abandon(h)     # nor the prefix blocks it could not write matched
                     raise
             except MemoryError as e:
                 if self.running:

@@ -112,6 +112,8 @@ class FlashInferKV:
         self.free += reversed(self.tables.pop(h)[:self.counts.pop(h)].tolist())
         del self.lengths[h]
 
+    abandon = release  # nothing is shared between requests
+
     def _grow(self, h):
         """Gives request h one more page from the free list (REQUIRES: one is free)."""
         table, n = self.tables[h], self.counts[h]
