@@ -242,7 +242,7 @@ class CacheImpl final : public Cache {
   // Shared blocks' votes, by block index: [k] sharers whose age for the block has crossed tier
   // k's bound (saturating at 65535; crossing k counts for every tier up to k). A shared block
   // moves to tier k once all have. Kept for blocks with a vote and more than one holder.
-  absl::flat_hash_map<uint32_t, std::array<uint16_t, 8>> shared_votes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, std::array<uint16_t, kMaxPolicyTiers>> shared_votes_ ABSL_GUARDED_BY(mu_);
   // [target format] Blocks the policy moves colder, by id: a block that cannot move in its
   // step stays queued, and its index may name another block by the next.
   std::vector<std::vector<BlockId>> demote_queue_ ABSL_GUARDED_BY(mu_);

@@ -123,7 +123,7 @@ void CacheImpl::AgeSequence(Sequence& seq) {
   const int64_t s = options_.geometry.block_tokens;
   const int64_t full = seq.num_tokens / s;
   const double scale = under_pressure_ ? p.window_scale : 1.0;
-  const std::array<int64_t, 8> before = seq.tier_cursor;  // blocks voted for before this step
+  const std::array<int64_t, kMaxPolicyTiers> before = seq.tier_cursor;  // blocks voted for before this step
   // n[k]: leading blocks old enough for tier k (n[0] = all full blocks, n[tiers] = 0).
   int64_t n[9] = {};
   n[0] = full;
@@ -156,7 +156,7 @@ void CacheImpl::AgeSequence(Sequence& seq) {
 }
 
 int CacheImpl::VoteCrossed(uint32_t b, int from, int k) {
-  std::array<uint16_t, 8>& crossed = shared_votes_[b];
+  std::array<uint16_t, kMaxPolicyTiers>& crossed = shared_votes_[b];
   for (int j = from + 1; j <= k; ++j) {
     if (crossed[j] < kMaxVotes) crossed[j] += 1;
   }
@@ -171,7 +171,7 @@ void CacheImpl::LeaveVote(const Sequence& seq, size_t position) {
   const uint32_t b = seq.blocks[position];
   const auto it = shared_votes_.find(b);
   if (it == shared_votes_.end()) return;
-  std::array<uint16_t, 8>& crossed = it->second;
+  std::array<uint16_t, kMaxPolicyTiers>& crossed = it->second;
   // Its cursor for tier k passed the block, so it counted for k (unless it crossed k while it
   // held the block alone, which moved the block then, or attention kept the block: one vote
   // fewer, at worst a later move).

@@ -44,8 +44,9 @@ constexpr const char* kNvfp4Kv = "k:nvfp4_channel/block_head,v:nvfp4/block_head"
 
 absl::Status ValidatePolicy(const Policy& p) {
   if (!IsUtf8(p.name)) return Invalid("name", absl::StrCat(Echo(p.name), " is not UTF-8"));
-  if (p.tiers.empty() || p.tiers.size() > 8) {
-    return Invalid("tiers", absl::StrCat("has ", p.tiers.size(), " tiers; 1 to 8 allowed"));
+  if (p.tiers.empty() || p.tiers.size() > kMaxPolicyTiers) {
+    return Invalid("tiers", absl::StrCat("has ", p.tiers.size(), " tiers; 1 to ",
+                                         kMaxPolicyTiers, " allowed"));
   }
   for (size_t i = 0; i < p.tiers.size(); ++i) {
     const std::string field = absl::StrCat("tiers[", i, "].");

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "kvtier/ids.h"
+#include "kvtier/policy.h"
 
 namespace kvtier {
 
@@ -29,7 +30,7 @@ struct Sequence {
   int64_t priority_ttl_steps = -1;
   // Policy: tier_cursor[k] blocks from the start have been considered for tier k; `dirty` while
   // the sequence is listed for the next step's policy pass.
-  std::array<int64_t, 8> tier_cursor{};
+  std::array<int64_t, kMaxPolicyTiers> tier_cursor{};
   bool dirty = false;
   // AppendBatch's plan: the tokens that batch number `planned_by` has planned for this
   // sequence so far (a sequence named twice in a batch appends after itself).

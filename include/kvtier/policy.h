@@ -42,6 +42,8 @@ namespace kvtier {
 // The largest token count a policy may name (2^53: exact in a double, so windows scaled under
 // pressure and JSON numbers convert without overflow).
 inline constexpr int64_t kMaxPolicyTokens = int64_t{1} << 53;
+// The most tiers a policy may have (the cache keeps per-tier state in arrays of this size).
+inline constexpr int kMaxPolicyTiers = 8;
 // The largest Policy::attention_keep_ratio.
 inline constexpr double kMaxAttentionKeepRatio = 1 << 20;
 
@@ -54,7 +56,7 @@ struct PolicyTier {
 
 struct Policy {
   std::string name;
-  // Hottest first. REQUIRES: 1 to 8 tiers, strictly increasing bounds, the last unbounded,
+  // Hottest first. REQUIRES: 1 to kMaxPolicyTiers tiers, strictly increasing bounds, the last unbounded,
   // formats distinct.
   std::vector<PolicyTier> tiers;
   // Leading tokens of each sequence whose blocks never leave palette[0]. REQUIRES: 0 to
