@@ -191,28 +191,37 @@ absl::StatusOr<cudaEvent_t> CudaBackend::NewEvent() {
 void CudaBackend::RecycleEvent(cudaEvent_t e) { free_events_.push_back(e); }
 
 absl::StatusOr<CUmemGenericAllocationHandle> CudaBackend::NewHandle(size_t bytes) {
-  for (bool waited = false;; waited = true) {
-    for (size_t i = 0; i < free_handles_.size(); ++i) {
-      if (free_handles_[i].bytes == bytes) {
-        const CUmemGenericAllocationHandle h = free_handles_[i].handle;
-        free_handles_.erase(free_handles_.begin() + static_cast<ptrdiff_t>(i));
-        return h;
-      }
-    }
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = device_;
-    CUmemGenericAllocationHandle h = 0;
-    const CUresult r = api_->cuMemCreate(&h, bytes, &prop, 0);
-    if (r == CUDA_SUCCESS) return h;
-    if (r != CUDA_ERROR_OUT_OF_MEMORY || waited || pending_unmaps_.empty()) {
-      return DriverStatus(r, "cuMemCreate");
-    }
+  if (const auto recycled = TakeFreeHandle(bytes)) return *recycled;
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = CreateHandle(bytes, &h);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && !pending_unmaps_.empty()) {
     // Slabs unmapped earlier hold their memory until their work has completed.
     RetireUnmaps(/*wait=*/true);
     KVTIER_RETURN_IF_ERROR(sticky_);
+    if (const auto recycled = TakeFreeHandle(bytes)) return *recycled;
+    r = CreateHandle(bytes, &h);
   }
+  if (r != CUDA_SUCCESS) return DriverStatus(r, "cuMemCreate");
+  return h;
+}
+
+std::optional<CUmemGenericAllocationHandle> CudaBackend::TakeFreeHandle(size_t bytes) {
+  for (size_t i = 0; i < free_handles_.size(); ++i) {
+    if (free_handles_[i].bytes == bytes) {
+      const CUmemGenericAllocationHandle h = free_handles_[i].handle;
+      free_handles_.erase(free_handles_.begin() + static_cast<ptrdiff_t>(i));
+      return h;
+    }
+  }
+  return std::nullopt;
+}
+
+CUresult CudaBackend::CreateHandle(size_t bytes, CUmemGenericAllocationHandle* handle) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device_;
+  return api_->cuMemCreate(handle, bytes, &prop, 0);
 }
 
 void CudaBackend::RecycleHandle(const Mapping& m) {

@@ -42,6 +42,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -137,7 +138,13 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<cudaEvent_t> NewEvent();
   void RecycleEvent(cudaEvent_t e);
+  // An allocation of `bytes` of device memory: a recycled one, else a new one; when memory is
+  // full and unmaps are pending, after they have completed (their memory is freed then).
   absl::StatusOr<CUmemGenericAllocationHandle> NewHandle(size_t bytes);
+  // A recycled allocation of `bytes`, taken from free_handles_, if there is one.
+  std::optional<CUmemGenericAllocationHandle> TakeFreeHandle(size_t bytes);
+  // cuMemCreate of `bytes` of this device's memory into *handle.
+  CUresult CreateHandle(size_t bytes, CUmemGenericAllocationHandle* handle);
   void RecycleHandle(const Mapping& m);
   // Unmaps the slab at `addr` and keeps its allocation for reuse; a failure is sticky, and the
   // allocation, still mapped, is released instead.
