@@ -86,8 +86,8 @@ class BlockPool {
   void PrefetchIndex(uint64_t hash) const { index_.Prefetch(hash); }
   // Takes `block`, indexed and without indexed children, out of the prefix index (a Removed
   // event), so that no prompt matches it again: unreferenced, it is freed; in use, it stays
-  // with its sequences as a private block (a block indexed under it from now on stays private
-  // too, Publish). Cache::Abandon's, for blocks whose K/V was never written.
+  // with its sequences as a private block. Cache::Abandon's, for blocks whose K/V was never
+  // written.
   void Withdraw(uint32_t block);
   // Indexes the full block `block`, whose token ids are `tokens`, under `hash`, child of the
   // block indexed under `parent_hash` (kRootParentHash for the first block); `extra_key` is

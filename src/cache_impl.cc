@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "src/evictor.h"
 #include "src/prefix_hash.h"
@@ -96,7 +95,7 @@ void CacheImpl::IndexFullTail(Sequence& seq) {
   const uint64_t hash = HashBlock(seq.chain_hash, seq.tail_tokens, seq.extra_key);
   const uint32_t block = seq.blocks.back();
   if (pool_.Publish(block, hash, seq.chain_hash, seq.extra_key, seq.tail_tokens)) {
-    indexed_this_step_.insert(BlockKey(pool_.blocks().IdOf(block)));
+    indexed_this_step_.insert_or_assign(BlockKey(pool_.blocks().IdOf(block)), SequenceKey(seq));
     if (remote_ != nullptr) QueueRemoteWrite(block, hash);
   }
   seq.chain_hash = hash;
@@ -310,6 +309,7 @@ absl::StatusOr<SequenceId> CacheImpl::Fork(SequenceId parent) {
   const SequenceId child = sequences_.Add();
   Sequence* c = sequences_.Find(child);
   *c = copy;
+  c->index = child.index;
   c->generation = child.generation;
   c->dirty = false;
   c->tier_cursor.fill(0);  // it votes for its blocks at the next step, as its parent did
@@ -327,15 +327,6 @@ absl::Status CacheImpl::Release(SequenceId id) {
   return absl::OkStatus();
 }
 
-absl::Status CacheImpl::Abandon(SequenceId id) {
-  MutexLock lock(&mu_);
-  Sequence* seq = sequences_.Find(id);
-  if (seq == nullptr) return UnknownSequence(id);
-  WithdrawFreshBlocks(*seq);
-  ReleaseLocked(*seq, id);
-  return absl::OkStatus();
-}
-
 void CacheImpl::ReleaseLocked(Sequence& seq, SequenceId id) {
   for (size_t i = 0; i < seq.blocks.size(); ++i) {
     LeaveVote(seq, i);
@@ -344,40 +335,6 @@ void CacheImpl::ReleaseLocked(Sequence& seq, SequenceId id) {
   metrics_.tokens -= seq.num_tokens;
   sequences_.Remove(id);
   pages_->RetireSynchronous();
-}
-
-void CacheImpl::WithdrawFreshBlocks(const Sequence& seq) {
-  const BlockTable& table = pool_.blocks();
-  // The children of each block indexed this step, among the blocks indexed this step: every
-  // descendant of one is one of them (indexed after it).
-  absl::flat_hash_map<uint32_t, std::vector<uint32_t>> children;
-  for (const uint64_t key : indexed_this_step_) {
-    const BlockId id{static_cast<uint32_t>(key >> 32), static_cast<uint32_t>(key)};
-    if (!table.IsLive(id) || !pool_[id.index].indexed) continue;
-    const uint32_t parent = pool_[id.index].parent;
-    if (parent != BlockTable::kNone) children[parent].push_back(id.index);
-  }
-  // The sequence's fresh blocks and their descendants, each after its parent.
-  std::vector<uint32_t> order;
-  absl::flat_hash_set<uint32_t> seen;
-  for (const uint32_t block : seq.blocks) {
-    if (pool_[block].indexed && indexed_this_step_.contains(BlockKey(table.IdOf(block))) &&
-        seen.insert(block).second) {
-      order.push_back(block);
-    }
-  }
-  for (size_t i = 0; i < order.size(); ++i) {
-    const auto it = children.find(order[i]);
-    if (it == children.end()) continue;
-    for (const uint32_t child : it->second) {
-      if (seen.insert(child).second) order.push_back(child);
-    }
-  }
-  // Leaves first: a block goes once no indexed child is left under it.
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    indexed_this_step_.erase(BlockKey(table.IdOf(*it)));
-    pool_.Withdraw(*it);
-  }
 }
 
 absl::StatusOr<int64_t> CacheImpl::SequenceLength(SequenceId id) const {

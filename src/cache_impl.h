@@ -106,15 +106,25 @@ class CacheImpl final : public Cache {
   void IndexFullTail(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A block's id as one key: index and generation.
   static uint64_t BlockKey(BlockId id) { return uint64_t{id.index} << 32 | id.generation; }
+  // A sequence's id as one key, the same way.
+  static uint64_t SequenceKey(const Sequence& seq) {
+    return uint64_t{seq.index} << 32 | seq.generation;
+  }
   // Appends to `seq` a block found in the prefix index, already referenced for it.
   void Attach(Sequence& seq, uint32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one reference held by `seq` (pool_.Unreferenced at the last).
   void DropRef(uint32_t block, const Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Release's work on the live sequence `seq` (id `id`).
   void ReleaseLocked(Sequence& seq, SequenceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Abandon's: withdraws from the prefix index the blocks of `seq` in indexed_this_step_ and
-  // their indexed descendants, children first (BlockPool::Withdraw).
-  void WithdrawFreshBlocks(const Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Abandon's (cache_abandon.cc): withdraws from the prefix index the blocks that `seq` filled
+  // since the last EndStep and every block indexed under them, each after its indexed children
+  // (BlockPool::Withdraw). Returns the blocks withdrawn.
+  absl::flat_hash_set<uint32_t> WithdrawFilledBlocks(const Sequence& seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stops indexing the later blocks of every live sequence but `seq` that holds one of
+  // `withdrawn`: they are computed over K/V that was never written.
+  void StopHashingOver(const absl::flat_hash_set<uint32_t>& withdrawn, const Sequence& seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tokens the last block of `seq` can still take (0 when it is full or there is none).
   int64_t TailRoom(const Sequence& seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What appending `num_tokens[i]` to each `batch` sequence needs: pages of the hot format, of
@@ -221,10 +231,11 @@ class CacheImpl final : public Cache {
   std::vector<Sequence*> batch_sequences_ ABSL_GUARDED_BY(mu_);
   // PlanAppend's number for its batch (Sequence::planned_by); 0 is no batch's.
   uint64_t batch_number_ ABSL_GUARDED_BY(mu_) = 0;
-  // The blocks indexed since the last EndStep (BlockKey): their K/V is due by then, and a
-  // request admitted meanwhile may already share them, so their owner's WriteKV still goes
-  // through (the same tokens, so the same K/V).
-  absl::flat_hash_set<uint64_t> indexed_this_step_ ABSL_GUARDED_BY(mu_);
+  // The blocks indexed since the last EndStep (BlockKey), each with the sequence that filled it
+  // (SequenceKey): their K/V is due by then, and a request admitted meanwhile may already share
+  // them, so their owner's WriteKV still goes through (the same tokens, so the same K/V); an
+  // owner that abandons them withdraws them (cache_abandon.cc).
+  absl::flat_hash_map<uint64_t, uint64_t> indexed_this_step_ ABSL_GUARDED_BY(mu_);
 
   // The policy in force, resolved to palette indices (cache_policy.cc).
   struct ActivePolicy {

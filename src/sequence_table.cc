@@ -20,6 +20,7 @@ SequenceId SequenceTable::Add() {
     free_.pop_back();
   }
   Sequence& s = slots_[index];
+  s.index = index;
   s.generation = next_generation_[index];
   next_generation_[index] = s.generation + 1 == 0 ? 1 : s.generation + 1;
   s.num_tokens = 0;

@@ -17,6 +17,7 @@ namespace kvtier {
 
 struct Sequence {
   uint32_t generation = 0;  // 0 while the slot is free
+  uint32_t index = 0;       // its slot: SequenceId{index, generation} names it
   int64_t num_tokens = 0;
   std::vector<uint32_t> blocks;  // block indices, in order; the last may be partial
   // Prefix identity: while `hashing`, the ids of the tail block's tokens are kept so that the

@@ -1,5 +1,6 @@
 // Prefix sharing and eviction through the public API.
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -27,6 +28,20 @@ class PrefixCacheTest : public ::testing::Test {
     std::vector<int64_t> slots;
     ASSERT_TRUE(cache_->AppendTokens(added.id, tokens, &slots).ok());
     ASSERT_TRUE(cache_->Release(added.id).ok());
+  }
+
+  // An owner that filled the first three blocks of `prompt` in this step, and a sharer admitted
+  // meanwhile with its first 50 tokens, which matches those blocks: {owner, sharer}.
+  std::pair<SequenceId, SequenceId> OwnerAndSharer(const std::vector<int32_t>& prompt) {
+    const AddResult owner = *cache_->AddSequence({});
+    std::vector<int64_t> slots;
+    EXPECT_TRUE(
+        cache_->AppendTokens(owner.id, absl::MakeConstSpan(prompt).subspan(0, 48), &slots).ok());
+    SequenceOptions options;
+    options.prompt = absl::MakeConstSpan(prompt).subspan(0, 50);
+    const AddResult sharer = *cache_->AddSequence(options);
+    EXPECT_EQ(sharer.cached_tokens, 48);
+    return {owner.id, sharer.id};
   }
 
   std::unique_ptr<Cache> cache_;
@@ -267,31 +282,67 @@ TEST_F(PrefixCacheTest, AbandonWithdrawsOnlyTheBlocksFilledSinceTheLastStep) {
 // and the block it indexed under them leaves the index too; nothing is cached once it goes.
 TEST_F(PrefixCacheTest, ASharerOfAbandonedBlocksKeepsThemPrivate) {
   const std::vector<int32_t> prompt = Tokens(80, 9);
-  const AddResult owner = *cache_->AddSequence({});
+  const auto [owner, sharer] = OwnerAndSharer(prompt);
   std::vector<int64_t> slots;
   ASSERT_TRUE(
-      cache_->AppendTokens(owner.id, absl::MakeConstSpan(prompt).subspan(0, 48), &slots).ok());
-  SequenceOptions options;
-  options.prompt = absl::MakeConstSpan(prompt).subspan(0, 50);
-  const AddResult sharer = *cache_->AddSequence(options);
-  ASSERT_EQ(sharer.cached_tokens, 48);
-  ASSERT_TRUE(
-      cache_->AppendTokens(sharer.id, absl::MakeConstSpan(prompt).subspan(48, 16), &slots).ok());
+      cache_->AppendTokens(sharer, absl::MakeConstSpan(prompt).subspan(48, 16), &slots).ok());
   EXPECT_EQ(cache_->GetStats().indexed_blocks, 4);
 
-  ASSERT_TRUE(cache_->Abandon(owner.id).ok());
+  ASSERT_TRUE(cache_->Abandon(owner).ok());
   EXPECT_EQ(cache_->GetStats().indexed_blocks, 0);
-  const std::vector<BlockId> kept = *cache_->SequenceBlocks(sharer.id);
+  const std::vector<BlockId> kept = *cache_->SequenceBlocks(sharer);
   ASSERT_EQ(kept.size(), 4u);
   for (BlockId b : kept) EXPECT_EQ(cache_->GetBlockInfo(b)->ref_count, 1);
+  SequenceOptions options;
   options.prompt = prompt;
   EXPECT_EQ(cache_->AddSequence(options)->cached_tokens, 0);
-  // Its next full block has no indexed parent: private too.
-  ASSERT_TRUE(
-      cache_->AppendTokens(sharer.id, absl::MakeConstSpan(prompt).subspan(64, 16), &slots).ok());
-  EXPECT_EQ(cache_->GetStats().indexed_blocks, 0);
-  ASSERT_TRUE(cache_->Release(sharer.id).ok());
+  ASSERT_TRUE(cache_->Release(sharer).ok());
   EXPECT_EQ(cache_->GetStats().formats[0].blocks_cached, 0);
+}
+
+// Blocks a sequence matched from another one, or inherited through Fork, in the same step
+// are the other's to write: abandoning it withdraws none of them, and their owner's WriteKV
+// still goes through.
+TEST_F(PrefixCacheTest, AbandonLeavesTheBlocksOthersFilled) {
+  const std::vector<int32_t> prompt = Tokens(50, 77);
+  const AddResult owner = *cache_->AddSequence({});
+  std::vector<int64_t> owner_slots, slots;
+  ASSERT_TRUE(cache_->AppendTokens(owner.id, prompt, &owner_slots).ok());
+  SequenceOptions options;
+  options.prompt = prompt;
+  const AddResult sharer = *cache_->AddSequence(options);
+  ASSERT_EQ(sharer.cached_tokens, 48);
+  ASSERT_TRUE(cache_->AppendTokens(sharer.id, absl::MakeConstSpan(prompt).subspan(48), &slots)
+                  .ok());
+  const SequenceId child = *cache_->Fork(owner.id);
+  ASSERT_TRUE(cache_->Abandon(sharer.id).ok());
+  ASSERT_TRUE(cache_->Abandon(child).ok());
+  EXPECT_EQ(cache_->GetStats().indexed_blocks, 3);
+  EXPECT_EQ(cache_->AddSequence(options)->cached_tokens, 48);
+  const Geometry& g = cache_->options().geometry;
+  std::vector<uint16_t> rows(owner_slots.size() * g.num_kv_heads * g.head_dim, 0x3C00);  // 1.0
+  KVInput kv;
+  kv.k = kv.v = rows.data();
+  kv.num_tokens = static_cast<int64_t>(owner_slots.size());
+  kv.num_heads = g.num_kv_heads;
+  kv.head_dim = g.head_dim;
+  EXPECT_TRUE(cache_->WriteKV(0, owner_slots, kv).ok()) << cache_->WriteKV(0, owner_slots, kv);
+}
+
+// After its owner abandons them, a sharer computes over K/V that was never written: none of
+// its later blocks is indexed, even once the same prefix is computed and indexed again.
+TEST_F(PrefixCacheTest, ASharerOfAbandonedBlocksIndexesNothingMore) {
+  const std::vector<int32_t> prompt = Tokens(80, 21);
+  const auto [owner, sharer] = OwnerAndSharer(prompt);
+  ASSERT_TRUE(cache_->Abandon(owner).ok());
+  const AddResult again = *cache_->AddSequence({});
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(
+      cache_->AppendTokens(again.id, absl::MakeConstSpan(prompt).subspan(0, 48), &slots).ok());
+  EXPECT_EQ(cache_->GetStats().indexed_blocks, 3);  // the same prefix, computed and indexed again
+  ASSERT_TRUE(
+      cache_->AppendTokens(sharer, absl::MakeConstSpan(prompt).subspan(48, 32), &slots).ok());
+  EXPECT_EQ(cache_->GetStats().indexed_blocks, 3);
 }
 
 TEST_F(PrefixCacheTest, BadOptions) {

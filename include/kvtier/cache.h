@@ -179,12 +179,13 @@ class KVTIER_EXPORT Cache {
   // already released.
   virtual absl::Status Release(SequenceId seq) = 0;
   // Release for a sequence whose K/V was not all written (its prefill failed): the blocks it
-  // filled and indexed since the last EndStep, and any indexed under them since, leave the
-  // prefix index (Removed events; no remote write), so that no later prompt matches K/V that
-  // was never written. Such a block that another sequence holds (one admitted meanwhile with
-  // that prefix, which WriteKV lets read the owner's K/V) stays with it, private: abandon that
-  // sequence too. Blocks indexed before the last EndStep stay cached, as after Release.
-  // NotFound when unknown or already released.
+  // filled and indexed since the last EndStep (not those it matched or inherited through
+  // Fork), and any indexed under them since, leave the prefix index (Removed events; no remote
+  // write), so that no later prompt matches K/V that was never written. Such a block that
+  // another sequence holds (one admitted meanwhile with that prefix, or a Fork) stays with it,
+  // private, and that sequence indexes none of its later blocks: it computed them over the
+  // missing K/V (abandon it too). Blocks indexed before the last EndStep stay cached, as after
+  // Release. NotFound when unknown or already released.
   virtual absl::Status Abandon(SequenceId seq) = 0;
 
   virtual absl::StatusOr<int64_t> SequenceLength(SequenceId seq) const = 0;
