@@ -21,6 +21,16 @@ absl::Status CacheImpl::Abandon(SequenceId id) {
 
 absl::flat_hash_set<uint32_t> CacheImpl::WithdrawFilledBlocks(const Sequence& seq) {
   const BlockTable& table = pool_.blocks();
+  std::vector<uint32_t> roots;  // the blocks `seq` filled this step (not those it matched or
+                                // inherited through Fork: other sequences wrote them)
+  for (const uint32_t block : seq.blocks) {
+    const auto filled = indexed_this_step_.find(BlockKey(table.IdOf(block)));
+    if (filled != indexed_this_step_.end() && filled->second == SequenceKey(seq) &&
+        pool_[block].indexed) {
+      roots.push_back(block);
+    }
+  }
+  if (roots.empty()) return {};  // a refused append, say: nothing to withdraw
   // Every indexed block's indexed children, those imported from the remote tier included
   // (indexed_this_step_ does not list them): O(capacity), on a failure path.
   absl::flat_hash_map<uint32_t, std::vector<uint32_t>> children;
@@ -30,17 +40,12 @@ absl::flat_hash_set<uint32_t> CacheImpl::WithdrawFilledBlocks(const Sequence& se
       children[m.parent].push_back(b);
     }
   }
-  // Depth first from each block `seq` filled this step (not those it matched or inherited
-  // through Fork: other sequences wrote them), every block listed after its children.
+  // Depth first from each root, every block listed after its children.
   std::vector<uint32_t> order;
   absl::flat_hash_set<uint32_t> seen;
   std::vector<std::pair<uint32_t, size_t>> path;  // a block and its next child to visit
-  for (const uint32_t root : seq.blocks) {
-    const auto filled = indexed_this_step_.find(BlockKey(table.IdOf(root)));
-    if (filled == indexed_this_step_.end() || filled->second != SequenceKey(seq) ||
-        !pool_[root].indexed || !seen.insert(root).second) {
-      continue;
-    }
+  for (const uint32_t root : roots) {
+    if (!seen.insert(root).second) continue;
     path.emplace_back(root, 0);
     while (!path.empty()) {
       const uint32_t block = path.back().first;

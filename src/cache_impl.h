@@ -122,7 +122,7 @@ class CacheImpl final : public Cache {
   absl::flat_hash_set<uint32_t> WithdrawFilledBlocks(const Sequence& seq)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops indexing the later blocks of every live sequence but `seq` that holds one of
-  // `withdrawn`: they are computed over K/V that was never written.
+  // `withdrawn`: they may be computed over K/V that was never written.
   void StopHashingOver(const absl::flat_hash_set<uint32_t>& withdrawn, const Sequence& seq)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tokens the last block of `seq` can still take (0 when it is full or there is none).

@@ -301,8 +301,8 @@ TEST_F(PrefixCacheTest, ASharerOfAbandonedBlocksKeepsThemPrivate) {
 }
 
 // Blocks a sequence matched from another one, or inherited through Fork, in the same step
-// are the other's to write: abandoning it withdraws none of them, and their owner's WriteKV
-// still goes through.
+// are the other's to write: abandoning it withdraws none of them (only those it filled), and
+// their owner's WriteKV into them, still shared, goes through.
 TEST_F(PrefixCacheTest, AbandonLeavesTheBlocksOthersFilled) {
   const std::vector<int32_t> prompt = Tokens(50, 77);
   const AddResult owner = *cache_->AddSequence({});
@@ -315,10 +315,9 @@ TEST_F(PrefixCacheTest, AbandonLeavesTheBlocksOthersFilled) {
   ASSERT_TRUE(cache_->AppendTokens(sharer.id, absl::MakeConstSpan(prompt).subspan(48), &slots)
                   .ok());
   const SequenceId child = *cache_->Fork(owner.id);
+  ASSERT_TRUE(cache_->AppendTokens(child, Tokens(14, 5000), &slots).ok());  // fills its 4th
+  EXPECT_EQ(cache_->GetStats().indexed_blocks, 4);
   ASSERT_TRUE(cache_->Abandon(sharer.id).ok());
-  ASSERT_TRUE(cache_->Abandon(child).ok());
-  EXPECT_EQ(cache_->GetStats().indexed_blocks, 3);
-  EXPECT_EQ(cache_->AddSequence(options)->cached_tokens, 48);
   const Geometry& g = cache_->options().geometry;
   std::vector<uint16_t> rows(owner_slots.size() * g.num_kv_heads * g.head_dim, 0x3C00);  // 1.0
   KVInput kv;
@@ -327,6 +326,9 @@ TEST_F(PrefixCacheTest, AbandonLeavesTheBlocksOthersFilled) {
   kv.num_heads = g.num_kv_heads;
   kv.head_dim = g.head_dim;
   EXPECT_TRUE(cache_->WriteKV(0, owner_slots, kv).ok()) << cache_->WriteKV(0, owner_slots, kv);
+  ASSERT_TRUE(cache_->Abandon(child).ok());
+  EXPECT_EQ(cache_->GetStats().indexed_blocks, 3);  // the child's own block went
+  EXPECT_EQ(cache_->AddSequence(options)->cached_tokens, 48);
 }
 
 // After its owner abandons them, a sharer computes over K/V that was never written: none of

@@ -183,8 +183,8 @@ class KVTIER_EXPORT Cache {
   // Fork), and any indexed under them since, leave the prefix index (Removed events; no remote
   // write), so that no later prompt matches K/V that was never written. Such a block that
   // another sequence holds (one admitted meanwhile with that prefix, or a Fork) stays with it,
-  // private, and that sequence indexes none of its later blocks: it computed them over the
-  // missing K/V (abandon it too). Blocks indexed before the last EndStep stay cached, as after
+  // private, and that sequence indexes none of its later blocks: it may have computed them over
+  // the missing K/V (abandon it too if it did). Blocks indexed before the last EndStep stay cached, as after
   // Release. NotFound when unknown or already released.
   virtual absl::Status Abandon(SequenceId seq) = 0;
 
