@@ -154,6 +154,7 @@ std::vector<MetricFamily> MetricFamilies(const Options& options, const CacheStat
   b.Counter("kvtier_prefix_missed_blocks_total", "Whole prompt blocks not found.", static_cast<double>(s.prefix_missed_blocks));
   MetricFamily& evicted = b.Family("kvtier_evicted_blocks_total", "Cached blocks dropped from the prefix cache.", MetricType::Counter);
   Builder::Add(evicted, {{"reason", "capacity"}}, static_cast<double>(s.evicted_blocks));
+  Builder::Add(evicted, {{"reason", "abandoned"}}, static_cast<double>(s.abandoned_blocks));
   AddTiers(b, s);
   AddEvents(b, s);
   AddRemote(b, s.remote);

@@ -184,6 +184,7 @@ void BlockPool::Drop(uint32_t block) {
 
 void BlockPool::Withdraw(uint32_t block) {
   Unlink(block);
+  metrics_->abandoned_blocks += 1;
   BlockMeta& m = blocks_[block];
   if (m.ref_count == 0) {
     FreeBlock(block);

@@ -31,6 +31,7 @@ void CacheMetrics::Fill(CacheStats* s) const {
   s->prefix_hit_blocks = prefix_hit_blocks;
   s->prefix_missed_blocks = prefix_missed_blocks;
   s->evicted_blocks = evicted_blocks;
+  s->abandoned_blocks = abandoned_blocks;
   s->demotions_under_pressure = demotions_under_pressure;
   s->compacted_pages = compacted_pages;
   s->policy_demotion_failures = policy_demotion_failures;

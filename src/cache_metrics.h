@@ -40,6 +40,7 @@ class CacheMetrics {
   int64_t prefix_hit_blocks = 0;
   int64_t prefix_missed_blocks = 0;
   int64_t evicted_blocks = 0;
+  int64_t abandoned_blocks = 0;
   int64_t demotions_under_pressure = 0;
   int64_t compacted_pages = 0;
   int64_t policy_demotion_failures = 0;

@@ -271,6 +271,8 @@ TEST_F(PrefixCacheTest, AbandonWithdrawsOnlyTheBlocksFilledSinceTheLastStep) {
   ASSERT_TRUE(cache_->Abandon(failed.id).ok());
   const CacheStats s = cache_->GetStats();
   EXPECT_EQ(s.indexed_blocks, 2);
+  EXPECT_EQ(s.abandoned_blocks, 2);
+  EXPECT_EQ(s.evicted_blocks, 0);
   EXPECT_EQ(s.formats[0].blocks_cached, 2);
   EXPECT_EQ(s.formats[0].blocks_in_use, 0);
   EXPECT_EQ(cache_->AddSequence(options)->cached_tokens, 32);
@@ -290,6 +292,7 @@ TEST_F(PrefixCacheTest, ASharerOfAbandonedBlocksKeepsThemPrivate) {
 
   ASSERT_TRUE(cache_->Abandon(owner).ok());
   EXPECT_EQ(cache_->GetStats().indexed_blocks, 0);
+  EXPECT_EQ(cache_->GetStats().abandoned_blocks, 4);  // the sharer's block under them too
   const std::vector<BlockId> kept = *cache_->SequenceBlocks(sharer);
   ASSERT_EQ(kept.size(), 4u);
   for (BlockId b : kept) EXPECT_EQ(cache_->GetBlockInfo(b)->ref_count, 1);

@@ -45,6 +45,7 @@ TEST(PrometheusExporterTest, ExportsTheDocumentedMetricsWithTheSnapshotsValues) 
            "kvtier_prefix_missed_blocks_total 0",
            "kvtier_capacity_bytes 16777216",
            "kvtier_evicted_blocks_total{reason=\"capacity\"} 0",
+           "kvtier_evicted_blocks_total{reason=\"abandoned\"} 0",
            "kvtier_allocation_failures_total{reason=\"budget\"} 0",
            "kvtier_nonfinite_values_total 0",
            "kvtier_demotions_under_pressure_total 0",

@@ -66,6 +66,7 @@ py::dict StatsDict(const CacheStats& s) {
   d["prefix_hit_blocks"] = s.prefix_hit_blocks;
   d["prefix_missed_blocks"] = s.prefix_missed_blocks;
   d["evicted_blocks"] = s.evicted_blocks;
+  d["abandoned_blocks"] = s.abandoned_blocks;
   d["evictable_blocks"] = s.evictable_blocks;
   d["indexed_blocks"] = s.indexed_blocks;
   d["policy"] = s.policy;

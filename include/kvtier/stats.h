@@ -119,6 +119,7 @@ struct CacheStats {
   int64_t prefix_hit_blocks = 0;      // whole blocks found (TensorRT-LLM's reused blocks)
   int64_t prefix_missed_blocks = 0;   // whole prompt blocks not found
   int64_t evicted_blocks = 0;         // cached blocks dropped to make room (either tier)
+  int64_t abandoned_blocks = 0;       // blocks Cache::Abandon withdrew from the prefix index
   int64_t evictable_blocks = 0;       // cached blocks that can go now (leaves)
   int64_t indexed_blocks = 0;         // blocks in the prefix index (in use or cached)
   std::string policy;                 // name of the policy in force, empty for none

@@ -125,7 +125,7 @@ def test_sequences_data_and_stats():
     cache.append_tokens(again, np.arange(16, 36, dtype=np.int32))
     assert cache.stats()["indexed_blocks"] == 2
     cache.abandon(again)
-    assert cache.stats()["indexed_blocks"] == 1
+    assert cache.stats()["indexed_blocks"] == 1 and cache.stats()["abandoned_blocks"] == 1
     assert cache.add_sequence(prompt=np.arange(40, dtype=np.int32))[1] == 16
     with pytest.raises(KeyError):
         cache.abandon(again)
