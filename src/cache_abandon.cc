@@ -15,7 +15,7 @@ absl::Status CacheImpl::Abandon(SequenceId id) {
   Sequence* seq = sequences_.Find(id);
   if (seq == nullptr) return UnknownSequence(id);
   StopHashingOver(WithdrawFilledBlocks(*seq), *seq);
-  ReleaseLocked(*seq, id);
+  ReleaseLocked(*seq);
   return absl::OkStatus();
 }
 

@@ -323,17 +323,17 @@ absl::Status CacheImpl::Release(SequenceId id) {
   MutexLock lock(&mu_);
   Sequence* seq = sequences_.Find(id);
   if (seq == nullptr) return UnknownSequence(id);
-  ReleaseLocked(*seq, id);
+  ReleaseLocked(*seq);
   return absl::OkStatus();
 }
 
-void CacheImpl::ReleaseLocked(Sequence& seq, SequenceId id) {
+void CacheImpl::ReleaseLocked(Sequence& seq) {
   for (size_t i = 0; i < seq.blocks.size(); ++i) {
     LeaveVote(seq, i);
     DropRef(seq.blocks[i], seq);
   }
   metrics_.tokens -= seq.num_tokens;
-  sequences_.Remove(id);
+  sequences_.Remove(SequenceId{seq.index, seq.generation});
   pages_->RetireSynchronous();
 }
 

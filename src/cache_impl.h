@@ -114,8 +114,8 @@ class CacheImpl final : public Cache {
   void Attach(Sequence& seq, uint32_t block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one reference held by `seq` (pool_.Unreferenced at the last).
   void DropRef(uint32_t block, const Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Release's work on the live sequence `seq` (id `id`).
-  void ReleaseLocked(Sequence& seq, SequenceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Release's work on the live sequence `seq`.
+  void ReleaseLocked(Sequence& seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Abandon's (cache_abandon.cc): withdraws from the prefix index the blocks that `seq` filled
   // since the last EndStep and every block indexed under them, each after its indexed children
   // (BlockPool::Withdraw). Returns the blocks withdrawn.
@@ -253,7 +253,8 @@ class CacheImpl final : public Cache {
   // Shared blocks' votes, by block index: [k] sharers whose age for the block has crossed tier
   // k's bound (saturating at 65535; crossing k counts for every tier up to k). A shared block
   // moves to tier k once all have. Kept for blocks with a vote and more than one holder.
-  absl::flat_hash_map<uint32_t, std::array<uint16_t, kMaxPolicyTiers>> shared_votes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, std::array<uint16_t, kMaxPolicyTiers>> shared_votes_
+      ABSL_GUARDED_BY(mu_);
   // [target format] Blocks the policy moves colder, by id: a block that cannot move in its
   // step stays queued, and its index may name another block by the next.
   std::vector<std::vector<BlockId>> demote_queue_ ABSL_GUARDED_BY(mu_);

@@ -123,9 +123,10 @@ void CacheImpl::AgeSequence(Sequence& seq) {
   const int64_t s = options_.geometry.block_tokens;
   const int64_t full = seq.num_tokens / s;
   const double scale = under_pressure_ ? p.window_scale : 1.0;
-  const std::array<int64_t, kMaxPolicyTiers> before = seq.tier_cursor;  // blocks voted for before this step
+  // Blocks voted for before this step.
+  const std::array<int64_t, kMaxPolicyTiers> before = seq.tier_cursor;
   // n[k]: leading blocks old enough for tier k (n[0] = all full blocks, n[tiers] = 0).
-  int64_t n[9] = {};
+  int64_t n[kMaxPolicyTiers + 1] = {};
   n[0] = full;
   for (int k = 1; k < tiers; ++k) {
     const int64_t bound = static_cast<int64_t>(static_cast<double>(p.bounds[k - 1]) * scale);

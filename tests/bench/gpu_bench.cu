@@ -645,7 +645,7 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
 
   std::mt19937 rng(static_cast<uint32_t>(batch * 131 + pages));
   gpu::PagedDecodeParams p;
-  std::vector<std::vector<uint32_t>> free_pages(formats);
+  std::vector<std::vector<uint32_t>> pool_pages(formats);  // each pool's pages, shuffled
   std::vector<void*> pools(formats, nullptr);
   std::vector<size_t> pool_bytes(formats), offsets(formats + 1, 0);  // offsets 256-aligned
   for (size_t f = 0; f < formats; ++f) {
@@ -665,9 +665,9 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
                                               l.k.scale_offset, scales, static_cast<uint32_t>(f + 7));
     CHECK_CUDA(cudaGetLastError());
     p.pools[f] = {static_cast<const uint8_t*>(pools[f]), layouts[f], 0.05f, 0.05f};
-    free_pages[f].resize(physical[f]);
-    std::iota(free_pages[f].begin(), free_pages[f].end(), 0u);
-    std::shuffle(free_pages[f].begin(), free_pages[f].end(), rng);
+    pool_pages[f].resize(physical[f]);
+    std::iota(pool_pages[f].begin(), pool_pages[f].end(), 0u);
+    std::shuffle(pool_pages[f].begin(), pool_pages[f].end(), rng);
   }
   std::vector<size_t> drawn(formats, 0);  // pages of each format handed out so far
   std::vector<int32_t> indptr(batch + 1, 0), lens(batch, static_cast<int32_t>(context));
@@ -676,13 +676,13 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
   for (int b = 0; b < batch; ++b) {
     if (shared_pages > 0) {  // each sequence its own order of the shared pages
       for (size_t f = 0; f < formats; ++f) {
-        std::shuffle(free_pages[f].begin(), free_pages[f].end(), rng);
+        std::shuffle(pool_pages[f].begin(), pool_pages[f].end(), rng);
         drawn[f] = 0;
       }
     }
     for (int64_t i = 0; i < pages; ++i) {
       const int f = dc.format_of(i, pages);
-      packed.push_back(PackPage(f, free_pages[f][drawn[f]++ % free_pages[f].size()]));
+      packed.push_back(PackPage(f, pool_pages[f][drawn[f]++ % pool_pages[f].size()]));
     }
     indptr[b + 1] = static_cast<int32_t>(packed.size());
   }
