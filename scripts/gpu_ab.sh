@@ -12,7 +12,8 @@
 # (scripts/gpu_bundle.sh). ROUNDS (default 3); BUILDS (default all): the variant names to time,
 # in that order. Writes every run's rows to $OUT/ab.json (AB_NAME.json with AB_NAME set) and
 # prints the table (builds that split a shape differently on one line, with their split counts),
-# then each variant row's cost over its plain row (page weights, rotation). AB_DEADLINE
+# the mean SM clock of each row and build (where the bench sampled it), then each variant row's
+# cost over its plain row (page weights, rotation). AB_DEADLINE
 # (seconds, Default: none): shapes not started by then are skipped, so that a device call's
 # limit never loses the shapes already timed. AB_MAIN=1: bundle/kvtier_gpu_bench (main's build,
 # carried with the bundle) is timed too, as the reference, named a_main, so that DIR need not
@@ -67,6 +68,7 @@ done
 python3 - "$out/${AB_NAME:-ab}.json" /tmp/ab_runs <<'EOF'
 import collections, json, os, re, statistics, sys
 runs = collections.defaultdict(lambda: collections.defaultdict(list))  # row -> build -> [us]
+mhz = collections.defaultdict(lambda: collections.defaultdict(list))  # row -> build -> [SM MHz]
 builds = []
 for f in sorted(os.listdir(sys.argv[2])):
     if not f.endswith('.json'):
@@ -81,6 +83,8 @@ for f in sorted(os.listdir(sys.argv[2])):
             for r in rows:
                 if isinstance(r, dict) and 'median_ms' in r:
                     runs[prefix + r['name']][build].append(r['median_ms'] * 1e3)
+                    if r.get('sm_mhz'):  # 0 where the bench had no NVML
+                        mhz[prefix + r['name']][build].append(r['sm_mhz'])
 json.dump(runs, open(sys.argv[1], 'w'), indent=1)
 ref = builds[0]
 # A row's name carries its split count (_splitsN); builds that split a shape differently are
@@ -106,6 +110,13 @@ for shape, by in shapes.items():
         rel = f' {100 * (m / base - 1):+5.1f}%' if base and b != ref else ''
         cells.append(f'{m:>11.1f}{rel:>7s}' + (f'{"[" + splits + "]":>4s}' if differ else ' ' * 4))
     print(f'{shape[:58]:58s}' + ''.join(cells))
+# The SM clock each build's rows ran at (a row bound by instruction issue slows with it).
+if mhz:
+    print(f"\n{'mean SM clock over the rounds, MHz':58s}" + ''.join(f'{b:>22s}' for b in builds))
+    for row, by in mhz.items():
+        print(f'{split_re.sub("", row)[:58]:58s}' +
+              ''.join(f'{statistics.mean(by[b]):>22.0f}' if b in by else f"{'-':>22s}"
+                      for b in builds))
 # Each variant row (page weights, rotation) over its plain row, per build: the cost that issue 14
 # bounds, from the medians above (a build's variant and plain rows split alike).
 suffixes = ('_rotated_page_weight', '_page_weight_zeroed', '_page_weight', '_rotated')

@@ -30,6 +30,9 @@
 //   from memory, but its loads hit L2: the row times its instruction issue rather than the
 //   memory's bandwidth, which bounds NVFP4 on the H200 (docs/benchmarks.md, session 24) and can
 //   be measured so on an H100, whose slower memory hides it.
+// Beside each row, the mean SM clock while it was timed and the share of that time the board's
+// power or thermal limits held the clock down (SmClockSampler, from the driver's NVML): rows bound
+// by instruction issue slow down with the clock, which long runs of heavy rows lower.
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
@@ -41,6 +44,7 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <string>
@@ -56,6 +60,7 @@
 #include "kvtier/page_tables.h"
 #include "kvtier/prepared_append.h"
 #include "src/cuda/cuda_backend.h"
+#include "tests/bench/sm_clock_sampler.h"
 
 namespace kvtier {
 namespace {
@@ -93,10 +98,16 @@ void Fill(void* p, size_t bytes, uint32_t seed, int channels) {
   CHECK_CUDA(cudaGetLastError());
 }
 
+// The SM clock while rows are timed (set by Main; null: not sampled), and what it saw while the
+// last rows were (a Result made after their timing takes it).
+SmClockSampler* g_clocks = nullptr;
+ClockWindow g_last_clocks;
+
 // Median milliseconds per invocation of each of `fns` on `stream`: `runs` rounds, each timing
 // one call of every fn in turn (inner[i] back-to-back invocations of fns[i] between two events),
 // after `warmup` untimed rounds. Taking turns puts a slow spell of the GPU (clocks, heat after
-// the rows before) on every fn alike, not on the first: rows timed together compare.
+// the rows before) on every fn alike, not on the first: rows timed together compare. The SM
+// clock over the timed rounds goes to g_last_clocks.
 std::vector<double> MedianMsInTurns(cudaStream_t stream, int warmup, int runs,
                                     const std::vector<int>& inner,
                                     const std::vector<std::function<void()>>& fns) {
@@ -107,6 +118,7 @@ std::vector<double> MedianMsInTurns(cudaStream_t stream, int warmup, int runs,
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
   std::vector<std::vector<double>> ms(fns.size());
+  if (g_clocks != nullptr) g_clocks->Start();
   for (int r = 0; r < runs; ++r) {
     for (size_t f = 0; f < fns.size(); ++f) {
       CHECK_CUDA(cudaEventRecord(a, stream));
@@ -118,6 +130,7 @@ std::vector<double> MedianMsInTurns(cudaStream_t stream, int warmup, int runs,
       ms[f].push_back(static_cast<double>(t) / inner[f]);
     }
   }
+  if (g_clocks != nullptr) g_last_clocks = g_clocks->Stop();
   CHECK_CUDA(cudaEventDestroy(a));
   CHECK_CUDA(cudaEventDestroy(b));
   std::vector<double> medians;
@@ -137,6 +150,7 @@ struct Result {
   std::string name;
   double bytes;  // read + written per invocation
   double ms;     // median per invocation
+  ClockWindow clocks = g_last_clocks;  // while it was timed: made right after its timing
   double tbs() const { return bytes / (ms * 1e-3) / 1e12; }
 };
 
@@ -146,9 +160,11 @@ std::string Json(const std::vector<Result>& rs, double roof, const char* roof_na
     char line[512];
     std::snprintf(line, sizeof(line),
                   "%s\n    {\"name\": \"%s\", \"bytes\": %.0f, \"median_ms\": %.6f, "
-                  "\"tb_per_s\": %.4f, \"pct_of_%s_roof\": %.2f}",
+                  "\"tb_per_s\": %.4f, \"pct_of_%s_roof\": %.2f, \"sm_mhz\": %.0f, "
+                  "\"clock_capped_pct\": %.1f}",
                   i ? "," : "", rs[i].name.c_str(), rs[i].bytes, rs[i].ms, rs[i].tbs(), roof_name,
-                  100.0 * rs[i].tbs() / roof);
+                  100.0 * rs[i].tbs() / roof, rs[i].clocks.mean_sm_mhz,
+                  100.0 * rs[i].clocks.capped_fraction);
     s += line;
   }
   return s + "\n  ]";
@@ -794,6 +810,10 @@ int Main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, (*backend)->device_id()));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  char bus_id[32];
+  CHECK_CUDA(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), (*backend)->device_id()));
+  SmClockSampler clocks(bus_id);
+  if (clocks.available()) g_clocks = &clocks;
 
   std::vector<Result> roof_runs, migrations, appends, read_runs, decodes;
   const double roof = only ? 0 : CopyRoof(stream, &roof_runs);
@@ -878,21 +898,28 @@ int Main(int argc, char** argv) {
                Json(read_runs, read_roof, "read").c_str(), Json(decodes, read_roof, "read").c_str());
   std::fclose(f);
 
-  std::printf("%-44s %10s %9s %8s\n", "benchmark", "median_us", "TB/s", "% roof");
-  for (const auto* rs : {&roof_runs, &migrations, &appends}) {
-    for (const Result& r : *rs) {
-      std::printf("%-44s %10.1f %9.3f %7.1f%%\n", r.name.c_str(), r.ms * 1e3, r.tbs(),
-                  100.0 * r.tbs() / roof);
+  // SM MHz: the mean SM clock while the row was timed; capped: the share of that time under a
+  // power or thermal limit (SmClockSampler; "-" without NVML).
+  const auto print = [](const char* title, const char* unit, double base,
+                        std::initializer_list<const std::vector<Result>*> groups) {
+    std::printf("%-44s %10s %9s %8s %7s %7s\n", title, "median_us", "TB/s", unit, "SM MHz",
+                "capped");
+    for (const std::vector<Result>* rs : groups) {
+      for (const Result& r : *rs) {
+        std::printf("%-44s %10.1f %9.3f %7.1f%%", r.name.c_str(), r.ms * 1e3, r.tbs(),
+                    100.0 * r.tbs() / base);
+        if (r.clocks.samples > 0) {
+          std::printf(" %7.0f %6.0f%%\n", r.clocks.mean_sm_mhz, 100.0 * r.clocks.capped_fraction);
+        } else {
+          std::printf(" %7s %7s\n", "-", "-");
+        }
+      }
     }
-  }
-  std::printf("%-44s %10s %9s %8s\n", "decode (bytes read)", "median_us", "TB/s", "% read");
-  for (const auto* rs : {&read_runs, &decodes}) {
-    for (const Result& r : *rs) {
-      std::printf("%-44s %10.1f %9.3f %7.1f%%\n", r.name.c_str(), r.ms * 1e3, r.tbs(),
-                  100.0 * r.tbs() / read_roof);
-    }
-  }
+  };
+  print("benchmark", "% roof", roof, {&roof_runs, &migrations, &appends});
+  print("decode (bytes read)", "% read", read_roof, {&read_runs, &decodes});
   std::printf("fast codec self-check: %s\n", check.passed ? "passed" : "FAILED");
+  g_clocks = nullptr;
   CHECK_CUDA(cudaStreamDestroy(stream));
   return 0;
 }
