@@ -277,6 +277,45 @@ def test_a_prefill_that_raises_releases_its_sequence(model):
     assert cache.stats()["indexed_blocks"] == 0
 
 
+def test_a_decode_step_that_raises_puts_its_requests_back(model):
+    # A layer failing after the step's append: the blocks that token completed hold K/V of some
+    # layers only. The batch's sequences are abandoned (none of those blocks stays indexed for a
+    # later request to match) and its requests wait again, to resume from their tokens.
+    class FailingOnceKV(KvtierKV):
+        fail_at = None  # the layer whose attention raises, once
+
+        def attend(self, layer, step, q):
+            if layer == self.fail_at:
+                self.fail_at = None
+                raise RuntimeError("simulated device failure")
+            return super().attend(layer, step, q)
+
+    m = LlamaCompute(model)
+    cache = make_cache(model)
+    timer = StepTimer()
+    kv = FailingOnceKV(cache, m, timer)
+    engine = Engine(m, backend=kv, timer=timer)
+    ps = prompts(system_tokens=0, tails=(30, 46))  # the second decode token fills a block
+    ids = [engine.submit(p, 6) for p in ps]
+    engine.step()  # both prefilled and decoded once: two tokens each
+    indexed = cache.stats()["indexed_blocks"]
+    assert indexed == 1 + 2 and len(engine.running) == 2
+    kv.fail_at = 1
+    with pytest.raises(RuntimeError, match="simulated"):
+        engine.step()
+    assert not engine.running and engine.waiting == ids
+    assert cache.stats()["sequences"] == 0
+    # The two blocks the failed step filled left the index; the prompts' blocks stay, cached.
+    assert cache.stats()["indexed_blocks"] == indexed
+    assert cache.stats()["abandoned_blocks"] == 2
+    assert [len(engine.results[r].tokens) for r in ids] == [2, 2]
+    engine.run()
+    for rid, p in zip(ids, ps):
+        req = engine.results[rid]
+        assert req.preemptions == 1 and not req.error
+        assert req.tokens == no_cache_greedy(model, p, 6)
+
+
 def test_a_request_that_fails_alone_leaves_the_queue_moving(model):
     # A cache that cannot take a prefill of over 100 tokens.
     engine, cache = refusing_engine(model, lambda counts: counts[0] > 100)

@@ -225,7 +225,6 @@ class Engine:
             return m.logits(hidden[-1:])
 
     def _decode(self):
-        m = self.model
         rids = list(self.running)
         while True:
             handles = [self.running[r] for r in rids]
@@ -240,6 +239,19 @@ class Engine:
                     req.error, req.done = f"does not fit the cache: {e}", True
                     return
                 self._preempt(rids.pop())
+        try:
+            logits, greedy = self._decode_layers(rids, handles, feed, slots)
+        except BaseException:  # the new token's K/V is in some layers only: the sequences are
+            for rid in reversed(rids):  # abandoned (no block it filled stays indexed) and
+                self._preempt(rid, abandon=True)  # their requests resume from their tokens
+            raise
+        for i, rid in enumerate(rids):
+            self._emit(rid, logits[i:i + 1], greedy[i])
+
+    def _decode_layers(self, rids, handles, feed, slots):
+        """The model over the step's tokens, whose slots the cache appended; returns the logits
+        [len(rids), V] and their argmax per request (a device failure surfaces by then)."""
+        m = self.model
         step = self.kv.prepare(handles)
         with self.timer("model"):
             positions = torch.tensor(
@@ -257,9 +269,7 @@ class Engine:
         del step  # its device copy is freed on the stream, after this step's launches
         with self.timer("model"):
             logits = m.logits(hidden)
-            greedy = logits.argmax(-1).tolist()  # one device synchronisation for the batch
-        for i, rid in enumerate(rids):
-            self._emit(rid, logits[i:i + 1], greedy[i])
+            return logits, logits.argmax(-1).tolist()  # one device synchronisation
 
     def _emit(self, rid, logits, greedy=None):
         """Chooses request rid's next token from `logits` [1, V] (`greedy`: its argmax, when
@@ -279,11 +289,17 @@ class Engine:
             req.done = True
             self.kv.release(self.running.pop(rid))
 
-    def _preempt(self, rid):
+    def _preempt(self, rid, abandon=False):
+        """Puts running request rid first in the queue, its sequence released (abandoned: with
+        the blocks it filled this step withdrawn from the prefix index)."""
         req = self.results[rid]
         req.preemptions += 1
         self.preemptions_total += 1
-        self.kv.release(self.running.pop(rid))
+        h = self.running.pop(rid)
+        if abandon:
+            self.kv.abandon(h)
+        else:
+            self.kv.release(h)
         self.waiting.insert(0, rid)
 
 
