@@ -147,6 +147,14 @@ inline bool FavoursStagedFp16(int64_t fp16_entries, int64_t entries) {
 // REQUIRES: p's pools and num_formats are set; entries_of has num_formats counts.
 bool FavoursStagedFp16(const PagedDecodeParams& p, const int64_t* entries_of);
 
+// Which instance of the decode kernel p's palette runs, by the side kinds it compiles its staged
+// pages' reads for (kernels/attention/side_kind.cuh): a palette kernel's when every format is
+// NVFP4 with micro-blocks along head_dim in K and V (kNvfp4Kinds) or E4M3 in both (kE4M3Kinds),
+// else kAnyKinds (the generic kernel: an FP16 format beside them too). 0 for a palette the
+// kernel does not read (LaunchPagedDecode refuses it). REQUIRES: p's pools, num_formats and
+// stage_fp16 are set.
+uint32_t DecodeKernelKinds(const PagedDecodeParams& p);
+
 // Enqueues the decode kernel and, with num_splits > 1, the merge of its partial states; with
 // page_weight set, the page weights: a kernel after it when not split, blocks in the merge's
 // grid when split (kernels/attention/page_weight.cu).

@@ -224,6 +224,12 @@ bool FavoursStagedFp16(const PagedDecodeParams& p, const int64_t* entries_of) {
   return FavoursStagedFp16(fp16, all);
 }
 
+uint32_t DecodeKernelKinds(const PagedDecodeParams& p) {
+  PagedDecodeParams k = p;
+  if (p.num_formats < 1 || p.num_formats > kDecodeMaxFormats || !PlanStaging(k)) return 0;
+  return kPaletteKinds[PaletteKinds(k)];
+}
+
 cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int32_t num_sms,
                               DecodeSplit* split) {
   PagedDecodeParams k = p;

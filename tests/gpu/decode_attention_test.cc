@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
+#include "kernels/attention/side_kind.cuh"
 #include "kernels/decode_attention.cuh"
 #include "kernels/page_layout.h"
 #include "kvtier/attention.h"
@@ -219,6 +220,84 @@ TEST(DecodeAttentionTest, EveryFormatMixGroupAndRaggedLength) {
     const std::vector<int64_t> lengths = {0, 1, 15, 16, 17, 31, 100, 256, 257, 1000, 2049, 4096,
                                           5000, 333, 48, 7};
     const std::vector<SequenceId> seqs = Fill(*pair, lengths, &rng);
+    for (int group : {1, 4, 7, 8, 9, 16}) {
+      EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
+    }
+  }
+}
+
+// The kernel instance a palette runs (DecodeKernelKinds), on the host: a palette kernel for all
+// NVFP4 (along head_dim) or all E4M3, the generic kernel for the rest, an FP16 format beside
+// them included (a kernel of their own beside direct FP16 pages ran slower: docs/benchmarks.md,
+// session 31). Runs without a GPU.
+TEST(DecodeAttentionTest, PalettesRunTheirKernels) {
+  using gpu::attention::kAnyKinds;
+  using gpu::attention::kE4M3Kinds;
+  using gpu::attention::kNvfp4Kinds;
+  const auto kinds = [](const std::vector<std::string>& palette, bool stage_fp16) {
+    gpu::PagedDecodeParams p;
+    p.num_formats = static_cast<int32_t>(palette.size());
+    for (size_t f = 0; f < palette.size(); ++f) {
+      p.pools[f].layout = MakePageLayout(8, 16, 128, ParseFormat(palette[f]).value());
+    }
+    p.stage_fp16 = stage_fp16;
+    return gpu::DecodeKernelKinds(p);
+  };
+  EXPECT_EQ(kinds({"nvfp4/block_head"}, false), kNvfp4Kinds);
+  EXPECT_EQ(kinds({"nvfp4/tensor", "nvfp4/block_head"}, false), kNvfp4Kinds);
+  EXPECT_EQ(kinds({"fp8_e4m3/token_head", "fp8_e4m3/tensor"}, false), kE4M3Kinds);
+  EXPECT_EQ(kinds({"fp16", "nvfp4/block_head"}, false), kAnyKinds);
+  EXPECT_EQ(kinds({"fp16", "nvfp4/block_head"}, true), kAnyKinds);
+  EXPECT_EQ(kinds({"fp16", "fp8_e4m3/block_head"}, false), kAnyKinds);
+  EXPECT_EQ(kinds({"fp8_e4m3/block_head", "nvfp4/block_head"}, false), kAnyKinds);
+  EXPECT_EQ(kinds({"nvfp4_channel/block_head"}, false), kAnyKinds);  // along tokens
+  EXPECT_EQ(kinds({"fp8_e5m2/token_head"}, false), kAnyKinds);
+  EXPECT_EQ(kinds({"fp16"}, false), kAnyKinds);
+  EXPECT_EQ(kinds({"bf16"}, false), 0u);  // not read by the kernel
+}
+
+// An engine's palette once most pages have aged: FP16 tails (and sinks) read directly beside
+// pages of one or two smaller formats of one kind (every full block demoted, so that the FP16
+// pages are few and read directly), against the reference.
+TEST(DecodeAttentionTest, Fp16TailsBesideOneSmallerKind) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  for (const std::vector<std::string>& palette :
+       {std::vector<std::string>{"fp16", "nvfp4/block_head"},
+        std::vector<std::string>{"fp16", "nvfp4/block_head", "nvfp4/tensor"},
+        std::vector<std::string>{"fp16", "fp8_e4m3/block_head"},
+        std::vector<std::string>{"fp16", "fp8_e4m3/token_head", "fp8_e4m3/tensor"}}) {
+    SCOPED_TRACE(absl::StrJoin(palette, " "));
+    auto pair = CachePair::Create(MakeOptions(palette, 512)).value();
+    const std::vector<int64_t> lengths = {0, 1, 15, 16, 17, 31, 100, 256, 257, 1000, 2049,
+                                          TestScale(5000), 333, 48, 7};
+    std::vector<SequenceId> seqs, filled;
+    std::vector<int64_t> nonzero;
+    for (int64_t length : lengths) {
+      seqs.push_back(pair->AddSequence());
+      if (length > 0) filled.push_back(seqs.back()), nonzero.push_back(length);
+    }
+    ASSERT_TRUE(pair->AppendBatch(filled, nonzero, /*same_pages=*/true).ok());
+    pair->WriteAllLayers(&rng, /*specials=*/false);
+    std::uniform_int_distribution<int> smaller(1, static_cast<int>(palette.size()) - 1);
+    std::vector<std::vector<BlockId>> to(palette.size());
+    for (SequenceId s : seqs) {
+      const std::vector<BlockId> blocks = pair->gpu().SequenceBlocks(s).value();
+      for (BlockId b : blocks) {
+        if (pair->gpu().GetBlockInfo(b).value().num_tokens == 16) to[smaller(rng)].push_back(b);
+      }
+    }
+    for (size_t f = 1; f < palette.size(); ++f) {
+      if (!to[f].empty()) {
+        ASSERT_TRUE(pair->Demote(to[f], static_cast<int>(f)).ok());
+      }
+    }
+    PageTables tables;
+    ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
+    const int64_t fp16 = std::count_if(tables.packed.begin(), tables.packed.end(),
+                                       [](uint32_t e) { return PackedFormat(e) == 0; });
+    ASSERT_FALSE(gpu::FavoursStagedFp16(fp16, static_cast<int64_t>(tables.packed.size())))
+        << fp16 << " of " << tables.packed.size() << " pages FP16";
     for (int group : {1, 4, 7, 8, 9, 16}) {
       EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
     }
