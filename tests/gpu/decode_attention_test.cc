@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -226,6 +227,16 @@ TEST(DecodeAttentionTest, EveryFormatMixGroupAndRaggedLength) {
   }
 }
 
+// The FP16 pages (palette format 0, its one all-FP16 format) and all pages a launch over seqs
+// reads, for FavoursStagedFp16.
+std::pair<int64_t, int64_t> Fp16Pages(CachePair& pair, const std::vector<SequenceId>& seqs) {
+  PageTables tables;
+  EXPECT_TRUE(pair.gpu().BuildPageTables(seqs, &tables).ok());
+  const int64_t fp16 = std::count_if(tables.packed.begin(), tables.packed.end(),
+                                     [](uint32_t e) { return PackedFormat(e) == 0; });
+  return {fp16, static_cast<int64_t>(tables.packed.size())};
+}
+
 // The kernel instance a palette runs (DecodeKernelKinds), on the host: a palette kernel for all
 // NVFP4 (along head_dim) or all E4M3, the generic kernel for the rest, an FP16 format beside
 // them included (a kernel of their own beside direct FP16 pages ran slower: docs/benchmarks.md,
@@ -292,12 +303,8 @@ TEST(DecodeAttentionTest, Fp16TailsBesideOneSmallerKind) {
         ASSERT_TRUE(pair->Demote(to[f], static_cast<int>(f)).ok());
       }
     }
-    PageTables tables;
-    ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
-    const int64_t fp16 = std::count_if(tables.packed.begin(), tables.packed.end(),
-                                       [](uint32_t e) { return PackedFormat(e) == 0; });
-    ASSERT_FALSE(gpu::FavoursStagedFp16(fp16, static_cast<int64_t>(tables.packed.size())))
-        << fp16 << " of " << tables.packed.size() << " pages FP16";
+    const auto [fp16, all] = Fp16Pages(*pair, seqs);
+    ASSERT_FALSE(gpu::FavoursStagedFp16(fp16, all)) << fp16 << " of " << all << " pages FP16";
     for (int group : {1, 4, 7, 8, 9, 16}) {
       EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
     }
@@ -329,12 +336,8 @@ TEST(DecodeAttentionTest, MostlyFp16PagesOfAMixedPaletteAreStaged) {
     }
   }
   // The batch is the staged case (palette format 0 is the one all-FP16 format).
-  PageTables tables;
-  ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
-  const int64_t fp16 = std::count_if(tables.packed.begin(), tables.packed.end(),
-                                     [](uint32_t e) { return PackedFormat(e) == 0; });
-  ASSERT_TRUE(gpu::FavoursStagedFp16(fp16, static_cast<int64_t>(tables.packed.size())))
-      << fp16 << " of " << tables.packed.size() << " pages FP16";
+  const auto [fp16, all] = Fp16Pages(*pair, seqs);
+  ASSERT_TRUE(gpu::FavoursStagedFp16(fp16, all)) << fp16 << " of " << all << " pages FP16";
   for (int group : {1, 4, 8, 16}) {
     EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
   }
