@@ -36,6 +36,7 @@ absl::StatusOr<std::vector<FormatPart>> PartitionByFormat(const Options& options
     }
     FormatPart part;
     part.format = static_cast<int32_t>(f);
+    part.slab_unmaps = tables.slab_unmaps;
     part.indptr.push_back(0);
     for (int64_t b = 0; b < batch; ++b) {
       const int32_t begin = t.indptr[b], end = t.indptr[b + 1];
@@ -74,6 +75,7 @@ PageTables PartAsPageTables(const FormatPart& part) {
     t.packed.push_back(PackPage(static_cast<uint32_t>(part.format), static_cast<uint32_t>(page)));
   }
   t.seq_lens = part.lengths;
+  t.slab_unmaps = part.slab_unmaps;
   return t;
 }
 

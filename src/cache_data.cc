@@ -211,6 +211,16 @@ absl::Status CacheImpl::CheckTablesHeld(const PageTables& tables) const {
   return absl::OkStatus();
 }
 
+absl::Status CacheImpl::CheckTablesMapped(const PageTables& tables) const {
+  MutexLock lock(&mu_);
+  const uint64_t unmaps = pages_->slab_unmaps();
+  if (tables.slab_unmaps == unmaps) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "page tables from before ", unmaps - tables.slab_unmaps,
+      " slab unmap(s) (", tables.slab_unmaps, " then, ", unmaps,
+      " now): their pages may lie in unmapped memory; build the tables again"));
+}
+
 // Blocks ahead whose metadata BuildPageTables prefetches.
 constexpr size_t kMetaPrefetch = 16;
 
@@ -230,6 +240,7 @@ absl::Status CacheImpl::BuildPageTables(absl::Span<const SequenceId> batch,
   tables->packed_indptr.assign(1, 0);
   tables->packed.clear();
   tables->seq_lens.clear();
+  tables->slab_unmaps = pages_->slab_unmaps();
   for (SequenceId id : batch) {
     const Sequence& seq = *sequences_.Find(id);
     for (FormatPageTable& t : tables->per_format) t.last_page_len.push_back(0);

@@ -58,6 +58,7 @@ class CacheImpl final : public Cache {
                       absl::Span<float> v) const override;
   absl::StatusOr<PoolInfo> GetPool(int32_t format, int32_t layer) const override;
   absl::Status CheckTablesHeld(const PageTables& tables) const override;
+  absl::Status CheckTablesMapped(const PageTables& tables) const override;
   absl::Status BuildPageTables(absl::Span<const SequenceId> batch,
                                PageTables* tables) const override;
   absl::Status Demote(absl::Span<const BlockId> blocks, int32_t format) override;

@@ -146,6 +146,7 @@ absl::Status PageStore::UnmapMemory(uint8_t* addr) {
 }
 
 absl::Status PageStore::UnmapSlot(int format, uint32_t slot) {
+  slab_unmaps_ += 1;
   absl::Status status;
   for (int l = 0; l < options_.geometry.num_layers; ++l) {
     status.Update(UnmapMemory(SlotAddress(format, l, slot)));

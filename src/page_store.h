@@ -48,6 +48,8 @@ class PageStore {
   uint32_t free_slabs() const { return free_slabs_; }
   // Slabs withheld from the budget because unmapping them failed: never mapped again.
   uint32_t lost_slabs() const { return lost_slabs_; }
+  // Slabs unmapped so far (UnmapSlot): pages named before an unmap may lie in unmapped memory.
+  uint64_t slab_unmaps() const { return slab_unmaps_; }
   const PageLayout& layout(int format) const { return layouts_[format]; }
   const PagePool& pool(int format) const { return pools_[format]; }
   // The most pages that could ever be live at once (all slabs in the densest format).
@@ -126,6 +128,7 @@ class PageStore {
   uint32_t free_slabs_;
   uint32_t lost_slabs_ = 0;
   int64_t slab_moves_ = 0;  // slabs mapped into a pool
+  uint64_t slab_unmaps_ = 0;
   ReclaimQueue reclaim_;
 };
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kvtier/adapters/partition.h"
 #include "kvtier/attention.h"
 #include "kvtier/cache.h"
 #include "tests/test_util.h"
@@ -159,6 +160,40 @@ TEST(PreparedDecodeTest, StaleTablesAreRefusedOnTheCpuBackend) {
   Outputs two(2);
   EXPECT_TRUE(stale(DecodeAttention(*cache, 0, tables, {q, kQHeads, 1.f}, two.View())));
   EXPECT_TRUE(stale(DecodeAttention(*cache, 0, *step, {q, kQHeads, 1.f}, two.View())));
+}
+
+// CheckTablesMapped, which the CUDA backend's attention asks at every call (O(1), where a page
+// of an unmapped slab would fault the device): tables stay mapped until a slab is unmapped
+// (here: every sequence released, two EndSteps, which keep one empty slab), then are refused,
+// and so are their parts (adapters' PartitionByFormat); tables built afterwards are mapped
+// again. (Tables of another cache pass while the two caches' unmap counts are equal.)
+TEST(PreparedDecodeTest, TablesFromBeforeASlabUnmapAreNotMapped) {
+  // 64 KB FP16 pages, 32 to a slab: the sequences below fill four slabs.
+  auto cache =
+      MustCreate(PaletteOptions(Geometry{1, 8, 128, 16}, {"fp16", "fp8_e4m3/block_head"}, 16));
+  const std::vector<SequenceId> seqs = WriteBatch(*cache, {1000, 700});
+  PageTables tables;
+  ASSERT_TRUE(cache->BuildPageTables(seqs, &tables).ok());
+  EXPECT_TRUE(cache->CheckTablesMapped(tables).ok());
+  const absl::StatusOr<std::vector<FormatPart>> parts =
+      PartitionByFormat(cache->options(), tables);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  EXPECT_TRUE(cache->CheckTablesMapped(PartAsPageTables(parts->front())).ok());
+  ASSERT_TRUE(cache->EndStep().ok());  // nothing released: no slab unmapped
+  EXPECT_TRUE(cache->CheckTablesMapped(tables).ok());
+
+  for (SequenceId seq : seqs) ASSERT_TRUE(cache->Release(seq).ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  ASSERT_TRUE(cache->EndStep().ok());
+  const absl::Status stale = cache->CheckTablesMapped(tables);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(stale.message().find("unmapped memory"), absl::string_view::npos) << stale;
+  EXPECT_EQ(cache->CheckTablesMapped(PartAsPageTables(parts->front())).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  const std::vector<SequenceId> again = WriteBatch(*cache, {300});
+  ASSERT_TRUE(cache->BuildPageTables(again, &tables).ok());
+  EXPECT_TRUE(cache->CheckTablesMapped(tables).ok());
 }
 
 // Update: a step made with room (max_pages) takes the tables of later steps of the same

@@ -78,8 +78,11 @@ struct DecodeOutputs {
 // of num_kv_heads, a sequence whose page count does not match its length, a packed entry naming
 // a format outside the palette or a page outside its pool's reserved pages. FailedPrecondition on
 // the CPU backend for a page that holds no block now (Cache::CheckTablesHeld: tables of an
-// earlier step, or of another cache); on CUDA that is not detected, and faults: REQUIRES tables
-// that BuildPageTables made in this step, pages that hold blocks now. InvalidArgument also, on
+// earlier step, or of another cache); on CUDA for tables made before a slab was unmapped
+// (Cache::CheckTablesMapped, O(1): their pages may lie in unmapped memory, which would fault the
+// device), while a page whose block changed but whose slab stays mapped is read as it is:
+// REQUIRES tables that BuildPageTables made in this step, pages that hold blocks now (on CUDA
+// the unmapped-slab refusal comes before any shape check). InvalidArgument also, on
 // CUDA, for a head_dim other than 128, pages of other than 16 tokens, GQA groups over 16, or BF16
 // pages, which the fused kernel does not read, and for page weights whose scratch, the tables'
 // packed entries (their capacity, for a PreparedDecode) times num_q_heads (each GQA group
@@ -95,8 +98,9 @@ KVTIER_EXPORT absl::Status DecodeAttention(const Cache& cache, int32_t layer,
 // launch.stream (Create does not synchronize). An engine makes one per step after
 // BuildPageTables and passes it to each layer's call, which on CUDA then does no per-page host
 // work and no copy. Valid, like the tables, until the cache changes (Append, Demote, EndStep):
-// on CUDA a stale step is not detected, only pages outside the pools are (the CPU backend checks
-// its pages, Cache::CheckTablesHeld). Move-only.
+// on CUDA a stale step is refused once a slab has been unmapped since its tables were made
+// (Cache::CheckTablesMapped, at every call), otherwise read as it is; pages outside the pools
+// are refused (the CPU backend checks its pages, Cache::CheckTablesHeld). Move-only.
 // CUDA streams: the step may be read from any stream. A call on a stream other than Create's
 // first makes that stream wait for the upload (an event recorded by Create), and records the end
 // of its work there; destroying the step frees the device copy on Create's stream once every

@@ -254,6 +254,13 @@ class KVTIER_EXPORT Cache {
   // (a release, EndStep's moves), or another cache's, whose pages may lie in unmapped slabs.
   // O(blocks + entries). The CPU backend's attention calls it; on CUDA it is the caller's.
   virtual absl::Status CheckTablesHeld(const PageTables& tables) const = 0;
+  // OK when no slab of the cache's device pools has been unmapped since BuildPageTables made
+  // `tables` (PageTables::slab_unmaps), so that every page they name lies in mapped memory and
+  // reading it cannot fault (whether it still holds the same block is CheckTablesHeld's
+  // question); FailedPrecondition otherwise: tables from before a release and an EndStep, or an
+  // Append that took another format's empty slabs. O(1): the CUDA backend's attention calls it
+  // at every call, where a stale page would fault the device.
+  virtual absl::Status CheckTablesMapped(const PageTables& tables) const = 0;
 
   // Ends a decode step: runs the policy (demotions planned from the sequences that grew, and
   // window shrinking under pressure), records the backend fence for work issued so far, returns

@@ -33,6 +33,9 @@ struct PageTables {
   std::vector<int32_t> packed_indptr;       // [batch + 1]
   std::vector<uint32_t> packed;             // [total blocks], PackPage(format, page)
   std::vector<int32_t> seq_lens;            // [batch], tokens
+  // The cache's count of slab unmaps when BuildPageTables made the tables: while it is the
+  // cache's count, every page they name lies in mapped memory (Cache::CheckTablesMapped).
+  uint64_t slab_unmaps = 0;
 };
 
 }  // namespace kvtier

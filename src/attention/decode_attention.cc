@@ -39,6 +39,7 @@ absl::Status DecodeAttention(const Cache& cache, int32_t layer, const PageTables
     return ReferenceOverHeldPages(cache, *kv, tables, queries, outputs);
   }
 #if KVTIER_WITH_CUDA
+  KVTIER_RETURN_IF_ERROR(cache.CheckTablesMapped(tables));
   return CudaDecodeAttention(*kv, tables, queries, outputs, launch);
 #else
   (void)launch;
@@ -49,7 +50,7 @@ absl::Status DecodeAttention(const Cache& cache, int32_t layer, const PageTables
 struct PreparedDecode::Rep {
   const Cache* cache;  // the cache the step was prepared for
   TableExtent extent;
-  PageTables tables;  // CPU backend: the step's tables
+  PageTables tables;  // the step's tables (CUDA backend: only their slab_unmaps)
 #if KVTIER_WITH_CUDA
   std::unique_ptr<CudaDecodeTables> device;  // CUDA backend: their device copy
 #endif
@@ -87,6 +88,7 @@ absl::StatusOr<PreparedDecode> PreparedDecode::Create(const Cache& cache, const 
   const size_t capacity = static_cast<size_t>(rep->extent.batch) * rep->extent.max_pages;
   KVTIER_ASSIGN_OR_RETURN(rep->device, CudaDecodeTables::Upload(tables, launch.stream,
                                                                     /*any_stream=*/true, capacity));
+  rep->tables.slab_unmaps = tables.slab_unmaps;
   return PreparedDecode(std::move(rep));
 #else
   (void)launch;
@@ -113,6 +115,7 @@ absl::Status PreparedDecode::Update(const PageTables& tables) {
 #if KVTIER_WITH_CUDA
     KVTIER_RETURN_IF_ERROR(rep_->device->Overwrite(tables));
 #endif
+    rep_->tables.slab_unmaps = tables.slab_unmaps;
   }
   rep_->extent = std::move(extent);
   return absl::OkStatus();
@@ -131,6 +134,7 @@ absl::Status DecodeAttention(const Cache& cache, int32_t layer, const PreparedDe
     return ReferenceOverHeldPages(cache, kv, rep.tables, queries, outputs);
   }
 #if KVTIER_WITH_CUDA
+  KVTIER_RETURN_IF_ERROR(cache.CheckTablesMapped(rep.tables));
   return CudaDecodeAttention(kv, *rep.device, rep.extent, queries, outputs, launch);
 #else
   (void)launch;

@@ -227,6 +227,45 @@ TEST(DecodeAttentionTest, EveryFormatMixGroupAndRaggedLength) {
   }
 }
 
+// Tables and a prepared step from before a slab was unmapped (every sequence released, EndStep
+// after the device finished), on CUDA: each call is refused (FailedPrecondition,
+// Cache::CheckTablesMapped) where the kernel would have read unmapped memory and faulted the
+// device; tables built afterwards attend as before.
+TEST(DecodeAttentionTest, TablesFromBeforeASlabUnmapAreRefusedNotRead) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  auto pair = CachePair::Create(MakeOptions({"fp16", "nvfp4/block_head"}, 64)).value();
+  const std::vector<SequenceId> seqs = Fill(*pair, {3000, 2000, 700}, &rng);
+  PageTables tables;
+  ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
+  absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(pair->gpu(), tables);
+  ASSERT_TRUE(step.ok()) << step.status();
+  for (SequenceId s : seqs) pair->Release(s);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_TRUE(pair->gpu().EndStep().ok());
+    ASSERT_TRUE(pair->cpu().EndStep().ok());
+  }
+  ASSERT_EQ(pair->gpu().CheckTablesMapped(tables).code(), absl::StatusCode::kFailedPrecondition)
+      << "no slab was unmapped";
+  const int q_heads = 32;
+  const size_t rows = seqs.size() * q_heads;
+  DeviceBuffer dq(rows * 128 * 4), dout(rows * 128 * 4), dlse(rows * 4);
+  const DecodeQueries q{absl::MakeConstSpan(static_cast<const float*>(dq.data()), rows * 128),
+                        q_heads, 0.1f};
+  const DecodeOutputs out{absl::MakeSpan(static_cast<float*>(dout.data()), rows * 128),
+                          absl::MakeSpan(static_cast<float*>(dlse.data()), rows), {}, 0, {}};
+  const auto refused = [](const absl::Status& s) {
+    return s.code() == absl::StatusCode::kFailedPrecondition &&
+           s.message().find("unmapped memory") != absl::string_view::npos;
+  };
+  EXPECT_TRUE(refused(DecodeAttention(pair->gpu(), 0, tables, q, out))) << "tables";
+  EXPECT_TRUE(refused(DecodeAttention(pair->gpu(), 0, *step, q, out))) << "prepared step";
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // nothing faulted
+  const std::vector<SequenceId> again = Fill(*pair, {1000, 17}, &rng, /*same_pages=*/false);
+  EXPECT_EQ(Compare(*pair, again, 4, &rng), "");
+}
+
 // The FP16 pages (palette format 0, its one all-FP16 format) and all pages a launch over seqs
 // reads, for FavoursStagedFp16.
 std::pair<int64_t, int64_t> Fp16Pages(CachePair& pair, const std::vector<SequenceId>& seqs) {

@@ -39,6 +39,7 @@ struct FormatPart {
   std::vector<int32_t> indices;        // [nnz]: pages of this format's pools, sequence order
   std::vector<int32_t> last_page_len;  // [rows]: 1 to block_tokens
   std::vector<int32_t> lengths;        // [rows]: tokens of the row in this part
+  uint64_t slab_unmaps = 0;            // the tables' (PageTables::slab_unmaps)
 
   int64_t rows() const { return static_cast<int64_t>(batch_index.size()); }
 };
