@@ -69,6 +69,7 @@ python3 - "$out/${AB_NAME:-ab}.json" /tmp/ab_runs <<'EOF'
 import collections, json, os, re, statistics, sys
 runs = collections.defaultdict(lambda: collections.defaultdict(list))  # row -> build -> [us]
 mhz = collections.defaultdict(lambda: collections.defaultdict(list))  # row -> build -> [SM MHz]
+split_re = re.compile(r'_splits(\d+)')  # a row's split count, in its name
 builds = []
 for f in sorted(os.listdir(sys.argv[2])):
     if not f.endswith('.json'):
@@ -84,12 +85,11 @@ for f in sorted(os.listdir(sys.argv[2])):
                 if isinstance(r, dict) and 'median_ms' in r:
                     runs[prefix + r['name']][build].append(r['median_ms'] * 1e3)
                     if r.get('sm_mhz'):  # 0 where the bench had no NVML
-                        mhz[prefix + r['name']][build].append(r['sm_mhz'])
+                        mhz[prefix + split_re.sub('', r['name'])][build].append(r['sm_mhz'])
 json.dump(runs, open(sys.argv[1], 'w'), indent=1)
 ref = builds[0]
 # A row's name carries its split count (_splitsN); builds that split a shape differently are
 # compared on one line, each cell with its split count in brackets.
-split_re = re.compile(r'_splits(\d+)')
 shapes = collections.defaultdict(dict)  # row without _splitsN -> build -> (splits, [us])
 for row, by in runs.items():
     m = split_re.search(row)
@@ -114,7 +114,7 @@ for shape, by in shapes.items():
 if mhz:
     print(f"\n{'mean SM clock over the rounds, MHz':58s}" + ''.join(f'{b:>22s}' for b in builds))
     for row, by in mhz.items():
-        print(f'{split_re.sub("", row)[:58]:58s}' +
+        print(f'{row[:58]:58s}' +
               ''.join(f'{statistics.mean(by[b]):>22.0f}' if b in by else f"{'-':>22s}"
                       for b in builds))
 # Each variant row (page weights, rotation) over its plain row, per build: the cost that issue 14

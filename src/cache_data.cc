@@ -216,9 +216,9 @@ absl::Status CacheImpl::CheckTablesMapped(const PageTables& tables) const {
   const uint64_t unmaps = pages_->slab_unmaps();
   if (tables.slab_unmaps == unmaps) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "page tables from before ", unmaps - tables.slab_unmaps,
-      " slab unmap(s) (", tables.slab_unmaps, " then, ", unmaps,
-      " now): their pages may lie in unmapped memory; build the tables again"));
+      "page tables made at ", tables.slab_unmaps, " slab unmaps, the cache is at ", unmaps,
+      " (tables of an earlier step or another cache): their pages may lie in unmapped memory; "
+      "build the tables again"));
 }
 
 // Blocks ahead whose metadata BuildPageTables prefetches.

@@ -35,6 +35,7 @@ struct PageTables {
   std::vector<int32_t> seq_lens;            // [batch], tokens
   // The cache's count of slab unmaps when BuildPageTables made the tables: while it is the
   // cache's count, every page they name lies in mapped memory (Cache::CheckTablesMapped).
+  // Tables built by hand (0) pass until the cache's first unmap.
   uint64_t slab_unmaps = 0;
 };
 

@@ -316,6 +316,41 @@ def test_a_decode_step_that_raises_puts_its_requests_back(model):
         assert req.tokens == no_cache_greedy(model, p, 6)
 
 
+def test_a_token_choice_that_raises_puts_the_batch_back(model, monkeypatch):
+    # Sampling raising for the second request of a decode step, after the first request's token
+    # was chosen: no request gets its token (none is one token behind its cache), the batch
+    # waits again, and the tokens of a run that resumes equal those of an uninterrupted run.
+    import kvtier_engine.engine as engine_module
+    real_sample = engine_module.sample
+    ps = prompts(system_tokens=0, tails=(30, 46))
+
+    def run(fail_at_call):
+        calls = [0]
+
+        def flaky(logits, req, index):
+            calls[0] += 1
+            if calls[0] == fail_at_call:
+                raise RuntimeError("simulated sampling failure")
+            return real_sample(logits, req, index)
+
+        monkeypatch.setattr(engine_module, "sample", flaky)
+        m = LlamaCompute(model)
+        cache = make_cache(model)
+        timer = StepTimer()
+        engine = Engine(m, backend=KvtierKV(cache, m, timer), timer=timer)
+        ids = [engine.submit(p, 6, temperature=0.8, seed=i) for i, p in enumerate(ps)]
+        if fail_at_call is not None:  # step 1: two prefills (calls 1, 2), then a decode (3, 4)
+            with pytest.raises(RuntimeError, match="simulated"):
+                engine.step()
+            assert not engine.running and engine.waiting == ids
+            assert cache.stats()["sequences"] == 0
+            assert [len(engine.results[r].tokens) for r in ids] == [1, 1]
+        engine.run()
+        return [engine.results[r].tokens for r in ids]
+
+    assert run(fail_at_call=4) == run(fail_at_call=None)
+
+
 def test_a_request_that_fails_alone_leaves_the_queue_moving(model):
     # A cache that cannot take a prefill of over 100 tokens.
     engine, cache = refusing_engine(model, lambda counts: counts[0] > 100)

@@ -183,7 +183,7 @@ class Engine:
             try:
                 h, cached = self.kv.add(context)
                 try:
-                    last = self._prefill(h, context, cached)
+                    choice = self._choose(rid, self._prefill(h, context, cached))
                 except BaseException:  # any failure: the sequence is not kept half-admitted,
                     self.kv.abandon(h)     # nor the prefix blocks it could not write matched
                     raise
@@ -197,7 +197,7 @@ class Engine:
             if not req.tokens:
                 req.cached_tokens = cached
             self.running[rid] = h
-            self._emit(rid, last)
+            self._emit(rid, choice)
 
     def _prefill(self, h, tokens, cached):
         """Computes tokens[cached:] into the cache; returns the last position's logits [1, V]."""
@@ -241,12 +241,14 @@ class Engine:
                 self._preempt(rids.pop())
         try:
             logits, greedy = self._decode_layers(rids, handles, feed, slots)
-        except BaseException:  # the new token's K/V is in some layers only: the sequences are
-            for rid in reversed(rids):  # abandoned (no block it filled stays indexed) and
-                self._preempt(rid, abandon=True)  # their requests resume from their tokens
-            raise
-        for i, rid in enumerate(rids):
-            self._emit(rid, logits[i:i + 1], greedy[i])
+            choices = [self._choose(r, logits[i:i + 1], greedy[i]) for i, r in enumerate(rids)]
+        except BaseException:  # the new token's K/V may be in some layers only, and no request
+            for rid in reversed(rids):  # has its token: the sequences are abandoned (no block
+                with contextlib.suppress(Exception):  # they filled stays indexed) and the
+                    self._preempt(rid, abandon=True)  # requests resume from their tokens; the
+            raise                                     # step's own error is the one raised
+        for rid, choice in zip(rids, choices):
+            self._emit(rid, choice)
 
     def _decode_layers(self, rids, handles, feed, slots):
         """The model over the step's tokens, whose slots the cache appended; returns the logits
@@ -271,19 +273,27 @@ class Engine:
             logits = m.logits(hidden)
             return logits, logits.argmax(-1).tolist()  # one device synchronisation
 
-    def _emit(self, rid, logits, greedy=None):
-        """Chooses request rid's next token from `logits` [1, V] (`greedy`: its argmax, when
-        known); finishes the request when done."""
+    def _choose(self, rid, logits, greedy=None):
+        """Request rid's next token from `logits` [1, V] (`greedy`: its argmax, when known), and
+        the logits to record (None unless recorded), changing nothing: whatever raises here
+        (a sampling or device error) leaves the request as it was."""
         req = self.results[rid]
-        if req.record_logits:
-            req.logits.append(logits[0].cpu())
+        recorded = logits[0].cpu() if req.record_logits else None
         if req.forced is not None:
             token = req.forced[len(req.tokens)]
         elif req.temperature == 0 and greedy is not None:
             token = greedy
         else:
             token = sample(logits[0], req, len(req.tokens))
-        req.tokens.append(int(token))
+        return int(token), recorded
+
+    def _emit(self, rid, choice):
+        """Gives request rid its token (a _choose result); finishes the request when done."""
+        req = self.results[rid]
+        token, recorded = choice
+        if recorded is not None:
+            req.logits.append(recorded)
+        req.tokens.append(token)
         self.tokens_total += 1
         if len(req.tokens) >= req.max_new_tokens:
             req.done = True
@@ -295,12 +305,12 @@ class Engine:
         req = self.results[rid]
         req.preemptions += 1
         self.preemptions_total += 1
+        self.waiting.insert(0, rid)  # first, so that a failing release cannot lose the request
         h = self.running.pop(rid)
         if abandon:
             self.kv.abandon(h)
         else:
             self.kv.release(h)
-        self.waiting.insert(0, rid)
 
 
 def sample(logits, req, index):
