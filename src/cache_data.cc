@@ -211,9 +211,13 @@ absl::Status CacheImpl::CheckTablesHeld(const PageTables& tables) const {
   return absl::OkStatus();
 }
 
-absl::Status CacheImpl::CheckTablesMapped(const PageTables& tables) const {
+uint64_t CacheImpl::SlabUnmaps() const {
   MutexLock lock(&mu_);
-  const uint64_t unmaps = pages_->slab_unmaps();
+  return pages_->slab_unmaps();
+}
+
+absl::Status CacheImpl::CheckTablesMapped(const PageTables& tables) const {
+  const uint64_t unmaps = SlabUnmaps();
   if (tables.slab_unmaps == unmaps) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "page tables made at ", tables.slab_unmaps, " slab unmaps, the cache is at ", unmaps,

@@ -83,6 +83,8 @@ class CacheImpl final : public Cache {
   absl::StatusOr<void*> DeviceNonfiniteCounter();
   // Backend::JoinStream.
   absl::Status JoinStream(void* stream, bool stream_waits);
+  // The device store's count of slab unmaps (PageTables::slab_unmaps, CheckTablesMapped).
+  uint64_t SlabUnmaps() const;
 
  private:
   CacheImpl(const Options& options, std::unique_ptr<Backend> backend,

@@ -31,6 +31,7 @@ struct PreparedAppend::Rep {
   int64_t max_rows = 0;
   void* stream = nullptr;      // Create's
   std::vector<int64_t> slots;  // the step's slots (their count only is used on CUDA)
+  uint64_t slab_unmaps = 0;    // the cache's SlabUnmaps() when Update took them
 #if KVTIER_WITH_CUDA
   std::unique_ptr<CudaAppendStep> device;  // CUDA backend: the slots on the device
   std::vector<gpu::AppendPool> pools;      // each layer's hot pool, refilled by every Update
@@ -85,6 +86,7 @@ absl::Status PreparedAppend::Update(absl::Span<const int64_t> slots) {
         slots.size(), " slots; the step was prepared for at most ", rep_->max_rows));
   }
   KVTIER_RETURN_IF_ERROR(rep_->cache->CheckSlotList(slots));
+  const uint64_t unmaps = rep_->cache->SlabUnmaps();
   if (!OnCpu(*rep_->cache)) {
 #if KVTIER_WITH_CUDA
     // Refilled every step: CalibrateTensorScales may have changed a layer's scales.
@@ -102,6 +104,7 @@ absl::Status PreparedAppend::Update(absl::Span<const int64_t> slots) {
 #endif
   }
   rep_->slots.assign(slots.begin(), slots.end());
+  rep_->slab_unmaps = unmaps;
   return absl::OkStatus();
 }
 
@@ -141,6 +144,13 @@ absl::Status WriteKVLayers(Cache& cache, const PreparedAppend& step,
 #if KVTIER_WITH_CUDA
   if (launch.stream != rep.stream) {
     return absl::InvalidArgumentError("WriteKVLayers on a stream other than the step's");
+  }
+  // Slots from before a slab unmap may lie in unmapped memory, where the write would fault the
+  // device (the CPU path's WriteKV checks every slot).
+  if (const uint64_t unmaps = rep.cache->SlabUnmaps(); unmaps != rep.slab_unmaps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the step's slots were taken at ", rep.slab_unmaps, " slab unmaps, the cache is at ",
+        unmaps, ": they may lie in unmapped memory; Update the step with this step's slots"));
   }
   KVTIER_ASSIGN_OR_RETURN(const bool capturing, rep.device->Launch(layers, launch.synchronize));
   if (capturing) return absl::OkStatus();  // AfterGraphLaunch orders the cache after replays

@@ -38,7 +38,10 @@ namespace kvtier {
 // A decode step's slots (as Append returns them), checked once and, on the CUDA backend, held in
 // device buffers of fixed address on Create's stream for every layer's append of the step.
 // Valid, like the slots, until the cache changes them (Release, Demote of their blocks, Fork):
-// a stale step is not detected at WriteKVLayers. Move-only.
+// on CUDA, WriteKVLayers refuses a step once a slab has been unmapped since its Update
+// (FailedPrecondition: the slots may lie in unmapped memory; an EndStep or an Append that took
+// another format's empty slab), otherwise writes where the slots point; on the CPU backend each
+// slot is checked as WriteKV checks it. Move-only.
 // CUDA streams: every call runs on Create's stream (launch.stream of WriteKVLayers must be it).
 // Update orders that stream after the cache's own work issued so far (the zero-fill of a slab
 // that Append mapped, a tail copied at Append), and WriteKVLayers orders the cache's later work
@@ -96,7 +99,9 @@ class KVTIER_EXPORT PreparedAppend {
 // InvalidArgument (nothing written) for a cache other than the step's, layers.size() other than
 // num_layers, an input WriteKV would refuse, inputs of different dtypes, or (CUDA) a stream other
 // than Create's; on the CPU backend, WriteKV's errors for slots made stale since Update;
-// FailedPrecondition for a moved-from step; Internal for a CUDA error.
+// FailedPrecondition (nothing written) for a moved-from step, or on CUDA for a step whose
+// Update came before a slab unmap (its slots may lie in unmapped memory: Update it again);
+// Internal for a CUDA error.
 KVTIER_EXPORT absl::Status WriteKVLayers(Cache& cache, const PreparedAppend& step,
                                          absl::Span<const KVInput> layers,
                                          const DeviceLaunch& launch = {});

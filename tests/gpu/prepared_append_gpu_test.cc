@@ -318,10 +318,15 @@ TEST(PreparedAppendGpuTest, CapturedStepWithAppendReplaysWithNewTokens) {
 
 // What the CUDA path refuses on top of the CPU path's checks (tests/prepared_append_test.cc):
 // a stream other than Create's; and a call before any Update writes nothing.
-TEST(PreparedAppendGpuTest, RefusesAnotherStream) {
+// WriteKVLayers refuses, nothing written: a stream other than Create's; a step updated before a
+// slab was unmapped (another sequence released, two EndSteps), whose slots may have lain in
+// unmapped memory where the write would have faulted the device. Updated again with the same
+// (still held) slots, the step writes.
+TEST(PreparedAppendGpuTest, RefusesAnotherStreamAndSlotsFromBeforeASlabUnmap) {
   KVTIER_REQUIRE_GPU();
   auto pair = CachePair::Create(LayersOptions({"fp16"})).value();
-  const SequenceId seq = pair->AddSequence();
+  const SequenceId gone = pair->AddSequence(), seq = pair->AddSequence();
+  ASSERT_TRUE(pair->AppendBatch({gone}, {4000}).ok());  // 250 pages of 64 KB: 8 slabs a layer
   ASSERT_TRUE(pair->AppendBatch({seq}, {3}).ok());
   std::mt19937 rng(47);
   const CachePair::Layers layers = pair->RandomLayers(&rng, false);
@@ -335,6 +340,17 @@ TEST(PreparedAppendGpuTest, RefusesAnotherStream) {
     ASSERT_TRUE(step->Update(pair->gpu_slots()).ok());
     const absl::Status s = WriteKVLayers(pair->gpu(), *step, inputs, {nullptr, true});
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+
+    pair->Release(gone);
+    for (int i = 0; i < 2; ++i) {
+      KVTIER_ASSERT_CUDA(cudaDeviceSynchronize());
+      ASSERT_TRUE(pair->gpu().EndStep().ok());
+      ASSERT_TRUE(pair->cpu().EndStep().ok());
+    }
+    const absl::Status stale = WriteKVLayers(pair->gpu(), *step, inputs, {stream, true});
+    EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+    EXPECT_NE(stale.message().find("unmapped memory"), absl::string_view::npos) << stale;
+    ASSERT_TRUE(step->Update(pair->gpu_slots()).ok());
     EXPECT_TRUE(WriteKVLayers(pair->gpu(), *step, inputs, {stream, true}).ok());
     pair->WriteCpu(layers);
   }
