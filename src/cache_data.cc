@@ -216,13 +216,17 @@ uint64_t CacheImpl::SlabUnmaps() const {
   return pages_->slab_unmaps();
 }
 
-absl::Status CacheImpl::CheckTablesMapped(const PageTables& tables) const {
+absl::Status CacheImpl::CheckMappedSince(uint64_t slab_unmaps, absl::string_view what) const {
   const uint64_t unmaps = SlabUnmaps();
-  if (tables.slab_unmaps == unmaps) return absl::OkStatus();
+  if (slab_unmaps == unmaps) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "page tables made at ", tables.slab_unmaps, " slab unmaps, the cache is at ", unmaps,
-      " (tables of an earlier step or another cache): their pages may lie in unmapped memory; "
-      "build the tables again"));
+      what, " made at ", slab_unmaps, " slab unmaps, the cache is at ", unmaps,
+      " (an earlier step's, or another cache's): their pages may lie in unmapped memory; "
+      "make them again"));
+}
+
+absl::Status CacheImpl::CheckTablesMapped(const PageTables& tables) const {
+  return CheckMappedSince(tables.slab_unmaps, "page tables");
 }
 
 // Blocks ahead whose metadata BuildPageTables prefetches.

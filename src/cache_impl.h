@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/string_view.h"
 #include "kvtier/cache.h"
 #include "src/backend.h"
 #include "src/block_events.h"
@@ -85,6 +86,9 @@ class CacheImpl final : public Cache {
   absl::Status JoinStream(void* stream, bool stream_waits);
   // The device store's count of slab unmaps (PageTables::slab_unmaps, CheckTablesMapped).
   uint64_t SlabUnmaps() const;
+  // OK when the count is still `slab_unmaps`; else FailedPrecondition: `what` (pages named
+  // then) may lie in unmapped memory.
+  absl::Status CheckMappedSince(uint64_t slab_unmaps, absl::string_view what) const;
 
  private:
   CacheImpl(const Options& options, std::unique_ptr<Backend> backend,

@@ -147,11 +147,7 @@ absl::Status WriteKVLayers(Cache& cache, const PreparedAppend& step,
   }
   // Slots from before a slab unmap may lie in unmapped memory, where the write would fault the
   // device (the CPU path's WriteKV checks every slot).
-  if (const uint64_t unmaps = rep.cache->SlabUnmaps(); unmaps != rep.slab_unmaps) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the step's slots were taken at ", rep.slab_unmaps, " slab unmaps, the cache is at ",
-        unmaps, ": they may lie in unmapped memory; Update the step with this step's slots"));
-  }
+  KVTIER_RETURN_IF_ERROR(rep.cache->CheckMappedSince(rep.slab_unmaps, "the step's slots (Update)"));
   KVTIER_ASSIGN_OR_RETURN(const bool capturing, rep.device->Launch(layers, launch.synchronize));
   if (capturing) return absl::OkStatus();  // AfterGraphLaunch orders the cache after replays
   return rep.cache->JoinStream(rep.stream, /*stream_waits=*/false);

@@ -184,8 +184,8 @@ class KVTIER_EXPORT Cache {
   // write), so that no later prompt matches K/V that was never written. Such a block that
   // another sequence holds (one admitted meanwhile with that prefix, or a Fork) stays with it,
   // private, and that sequence indexes none of its later blocks: it may have computed them over
-  // the missing K/V (abandon it too if it did). Blocks indexed before the last EndStep stay cached, as after
-  // Release. NotFound when unknown or already released.
+  // the missing K/V (abandon it too if it did). Blocks indexed before the last EndStep stay
+  // cached, as after Release. NotFound when unknown or already released.
   virtual absl::Status Abandon(SequenceId seq) = 0;
 
   virtual absl::StatusOr<int64_t> SequenceLength(SequenceId seq) const = 0;

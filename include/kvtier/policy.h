@@ -56,8 +56,8 @@ struct PolicyTier {
 
 struct Policy {
   std::string name;
-  // Hottest first. REQUIRES: 1 to kMaxPolicyTiers tiers, strictly increasing bounds, the last unbounded,
-  // formats distinct.
+  // Hottest first. REQUIRES: 1 to kMaxPolicyTiers tiers, strictly increasing bounds, the last
+  // unbounded, formats distinct.
   std::vector<PolicyTier> tiers;
   // Leading tokens of each sequence whose blocks never leave palette[0]. REQUIRES: 0 to
   // kMaxPolicyTokens. Default: 4.

@@ -31,16 +31,13 @@ class SmClockSampler {
                           std::chrono::microseconds period = std::chrono::microseconds(500)) {
     lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib_ == nullptr) return;
-    const auto init = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlInit_v2"));
-    shutdown_ = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlShutdown"));
-    const auto by_bus =
-        reinterpret_cast<int (*)(const char*, void**)>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
-    clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib_, "nvmlDeviceGetClockInfo"));
-    reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
-        dlsym(lib_, "nvmlDeviceGetCurrentClocksEventReasons"));
+    const auto init = Symbol<int (*)()>("nvmlInit_v2");
+    const auto by_bus = Symbol<int (*)(const char*, void**)>("nvmlDeviceGetHandleByPciBusId_v2");
+    shutdown_ = Symbol<Shutdown>("nvmlShutdown");
+    clock_ = Symbol<ClockInfo>("nvmlDeviceGetClockInfo");
+    reasons_ = Symbol<Reasons>("nvmlDeviceGetCurrentClocksEventReasons");
     if (reasons_ == nullptr) {  // its name before NVML 12.2
-      reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
-          dlsym(lib_, "nvmlDeviceGetCurrentClocksThrottleReasons"));
+      reasons_ = Symbol<Reasons>("nvmlDeviceGetCurrentClocksThrottleReasons");
     }
     if (init == nullptr || shutdown_ == nullptr || by_bus == nullptr || clock_ == nullptr ||
         reasons_ == nullptr || init() != 0) {
@@ -69,7 +66,7 @@ class SmClockSampler {
   // Starts a window: the samples before it are dropped.
   void Start() {
     std::lock_guard<std::mutex> lock(mu_);
-    window_ = {};
+    samples_ = 0;
     sum_mhz_ = 0;
     capped_ = 0;
     active_.store(true);
@@ -78,10 +75,11 @@ class SmClockSampler {
   ClockWindow Stop() {
     active_.store(false);
     std::lock_guard<std::mutex> lock(mu_);
-    ClockWindow w = window_;
-    if (w.samples > 0) {
-      w.mean_sm_mhz = sum_mhz_ / w.samples;
-      w.capped_fraction = static_cast<double>(capped_) / w.samples;
+    ClockWindow w;
+    w.samples = samples_;
+    if (samples_ > 0) {
+      w.mean_sm_mhz = sum_mhz_ / samples_;
+      w.capped_fraction = static_cast<double>(capped_) / samples_;
     }
     return w;
   }
@@ -91,13 +89,22 @@ class SmClockSampler {
   // slowdown, HW power brake (nvmlClocksEventReason* bits 0x4, 0x8, 0x20, 0x40, 0x80).
   static constexpr unsigned long long kCapReasons = 0x4 | 0x8 | 0x20 | 0x40 | 0x80;
   static constexpr int kSmClock = 1;  // NVML_CLOCK_SM
+  // NVML's functions used here (every one returns 0 on success).
+  using Shutdown = int (*)();
+  using ClockInfo = int (*)(void* device, int clock_type, unsigned* mhz);
+  using Reasons = int (*)(void* device, unsigned long long* reasons);
+
+  template <typename F>
+  F Symbol(const char* name) const {
+    return reinterpret_cast<F>(dlsym(lib_, name));
+  }
 
   void Sample() {
     unsigned mhz = 0;
     unsigned long long reasons = 0;
     if (clock_(device_, kSmClock, &mhz) != 0 || reasons_(device_, &reasons) != 0) return;
     std::lock_guard<std::mutex> lock(mu_);
-    ++window_.samples;
+    ++samples_;
     sum_mhz_ += mhz;
     capped_ += (reasons & kCapReasons) != 0;
   }
@@ -105,13 +112,13 @@ class SmClockSampler {
   void* lib_ = nullptr;  // left loaded until the process exits
   bool initialised_ = false;
   void* device_ = nullptr;
-  int (*shutdown_)() = nullptr;
-  int (*clock_)(void*, int, unsigned*) = nullptr;
-  int (*reasons_)(void*, unsigned long long*) = nullptr;
+  Shutdown shutdown_ = nullptr;
+  ClockInfo clock_ = nullptr;
+  Reasons reasons_ = nullptr;
   std::thread thread_;
   std::atomic<bool> quit_{false}, active_{false};
   std::mutex mu_;
-  ClockWindow window_;  // guarded by mu_, as are the sums below
+  int samples_ = 0;  // guarded by mu_, as are the sums below
   double sum_mhz_ = 0;
   int64_t capped_ = 0;
 };
