@@ -359,7 +359,7 @@ TEST(DecodeAttentionTest, LargeBatchesReadByFormat) {
     auto pair = CachePair::Create(MakeOptions(palette, 1024)).value();
     std::vector<int64_t> lengths = {0, 1, 17, 8191};
     std::uniform_int_distribution<int64_t> length(4000, 9000);
-    while (lengths.size() < 24) lengths.push_back(length(rng));
+    while (lengths.size() < 32) lengths.push_back(length(rng));  // 32 x 512 pages: by format
     const std::vector<SequenceId> seqs = Fill(*pair, lengths, &rng);
     PageTables tables;
     ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
