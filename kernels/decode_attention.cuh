@@ -103,11 +103,6 @@ struct PagedDecodeParams {
   FormatPlan plans[kDecodeMaxFormats]{};
   int32_t stage_bytes = 0;
   int32_t scales_at = 0;  // offset of the 32 staged scales in a buffer
-  // Set by the launchers: split s of this grid writes part first_part + s of the workspace's
-  // `parts` (one grid: 0 and num_splits; LaunchPagedDecodeByFormat: a grid per format, parts
-  // after the previous formats').
-  int32_t first_part = 0;
-  int32_t parts = 0;
 };
 
 // A split of every sequence's pages that fills `num_sms` multiprocessors in one wave with this
@@ -159,47 +154,6 @@ bool FavoursStagedFp16(const PagedDecodeParams& p, const int64_t* entries_of);
 // kernel does not read (LaunchPagedDecode refuses it). REQUIRES: p's pools, num_formats and
 // stage_fp16 are set.
 uint32_t DecodeKernelKinds(const PagedDecodeParams& p);
-
-// One grid per palette format (LaunchPagedDecodeByFormat): the batch's pages again, one table per
-// format, so that each format's pages run the kernel of a palette of that format alone (a
-// palette kernel's, kOneFormat) instead of one grid of the generic kernel, and the grids' partial
-// states are merged by LSE as the splits of one grid are.
-struct FormatGrid {
-  // Sequence b's pages of the format, in order: pages[indptr[b] ...], PackPage(0, page), holding
-  // seq_lens[b] tokens (0: none). Device [batch + 1], [pages], [batch].
-  const int32_t* indptr = nullptr;
-  const uint32_t* pages = nullptr;
-  const int32_t* seq_lens = nullptr;
-  DecodeSplit split{1, 1};            // ChooseDecodeSplitsByFormat
-};
-
-// Whether a launch over p's palette reads faster as one grid per format, for a prepared batch of
-// up to max_pages pages a sequence: when p has no page weights, its palette runs the generic
-// kernel (DecodeKernelKinds) while one of its formats has a kernel of its own, and batch x
-// max_pages is at least kByFormatMinPages (8 x 32K tokens: a grid more per format, and its
-// partial states in the merge, weigh more against a shorter launch; docs/benchmarks.md).
-// The decision does not depend on which formats the pages are in now (an engine's pages age
-// from FP16 into the smaller formats under one prepared step). REQUIRES: as DecodeKernelKinds.
-constexpr int64_t kByFormatMinPages = 16384;
-bool DecodesByFormat(const PagedDecodeParams& p, int32_t max_pages);
-
-// Each format's grid's split (as ChooseDecodeSplit for a palette of that format alone), planned
-// for max_pages pages a sequence in any format, into grids[f].split for f < p.num_formats.
-cudaError_t ChooseDecodeSplitsByFormat(const PagedDecodeParams& p, int32_t max_pages,
-                                       int32_t num_sms, FormatGrid* grids);
-
-// Parts of the workspace the grids write (the sum of their splits): a by-format launch needs
-// DecodeWorkspaceFloats(batch, num_q_heads, DecodePartsByFormat(...)) floats of workspace.
-int32_t DecodePartsByFormat(const FormatGrid* grids, int32_t num_formats);
-
-// Enqueues one grid of the decode kernel per palette format of p over grids[f]'s tables (p's
-// packed tables, num_splits and pages_per_split are not read), then the merge of their partial
-// states into p.out and p.lse: the same attention as LaunchPagedDecode, within the stated
-// tolerances (the pages are summed in another order). REQUIRES: p.page_weight null, p.workspace
-// as DecodePartsByFormat says (unless p.batch is 0), at least two parts; grids[f].split holds
-// every sequence's pages of format f. Returns cudaErrorInvalidValue otherwise.
-cudaError_t LaunchPagedDecodeByFormat(const PagedDecodeParams& p, const FormatGrid* grids,
-                                      cudaStream_t stream);
 
 // Enqueues the decode kernel and, with num_splits > 1, the merge of its partial states; with
 // page_weight set, the page weights: a kernel after it when not split, blocks in the merge's

@@ -61,9 +61,7 @@ struct DecodeOutputs {
   // the largest weight any query head of this layer gave the page (the sum over its tokens of
   // exp(l_i - LSE)), in [0, 1]. The call stores max(page_weight[e], weight), so one buffer
   // collects a step's layers: zero it first. A head whose LSE is not finite adds nothing.
-  // Device memory on the CUDA backend. There a call with page weights reads its pages in one
-  // grid, where a large batch of a mixed palette without them reads them by format
-  // (docs/attention.md): its output and LSE then differ from that call's in their last bits.
+  // Device memory on the CUDA backend.
   absl::Span<float> page_weight;
 };
 
@@ -118,11 +116,9 @@ class KVTIER_EXPORT PreparedDecode {
  public:
   // With room for the step's sequences to grow to `max_pages` pages each (Default 0: the
   // tables' longest), for Update: the split of each sequence's pages across the GPU is planned
-  // for that many, whether the pages are read in one grid per palette format (a mixed palette
-  // of an engine at batch x max_pages large enough, without page weights; docs/attention.md)
-  // follows from the palette and those shapes, and how FP16 pages are read otherwise (staged
-  // when they are most of these tables' pages) is chosen from these tables, so the results of
-  // a step depend on max_pages and on its first tables (bits, not accuracy).
+  // for that many, and how FP16 pages are read (staged when they are most of these tables'
+  // pages) is chosen from these tables, so the results of a step depend on max_pages and on
+  // its first tables (bits, not accuracy).
   // InvalidArgument when the tables are inconsistent (as DecodeAttention says) or name a format
   // outside the palette, or max_pages outside [0, ceil(2^31 / block_tokens)] (the pages an int32
   // length can take); Unavailable on CUDA in builds without CUDA; Internal for a CUDA error.

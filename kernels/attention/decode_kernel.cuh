@@ -164,7 +164,7 @@ __device__ __forceinline__ void StoreWarpState(uint8_t* smem, const DecodeBlock&
 }
 
 // Epilogue, 2: merges the warps' states (thread d takes dim d of every head of the group) into
-// the output, or into the workspace's part of this split when there are several.
+// the output, or into the workspace when the sequence is split.
 template <int kTiles>
 __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* smem,
                                            const DecodeBlock& k) {
@@ -172,7 +172,7 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
   const MergeArea<8 * kTiles> s = MergeAreaOf<8 * kTiles>(smem);
   static_assert(kThreads == kDecodeHeadDim, "one thread per dim in the block merge");
   const int d = threadIdx.x;
-  const bool split_kv = p.parts > 1;
+  const bool split_kv = p.num_splits > 1;
   for (int row = 0; row < k.group; ++row) {
     float m = -INFINITY;
     bool nan = false;
@@ -196,10 +196,10 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
     const int64_t out_row = static_cast<int64_t>(k.b) * p.num_q_heads + k.kv_head * k.group + row;
     if (split_kv) {
       const int64_t rows = static_cast<int64_t>(p.batch) * p.num_q_heads;
-      const int part = p.first_part + k.split;
-      p.workspace[(part * rows + out_row) * kD + d] = out;
+      p.workspace[(k.split * rows + out_row) * kD + d] = out;
       if (d == 0) {
-        p.workspace[static_cast<int64_t>(p.parts) * rows * kD + part * rows + out_row] = lse;
+        p.workspace[static_cast<int64_t>(p.num_splits) * rows * kD + k.split * rows + out_row] =
+            lse;
       }
     } else {
       p.out[out_row * kD + d] = out;

@@ -213,27 +213,6 @@ cudaError_t LaunchSplitMerge(const PagedDecodeParams& p, cudaStream_t stream) {
                                   : LaunchMergeStates(m, stream);
 }
 
-// p's launch over a palette of its format f alone (pool and tensor scales; its pages are
-// PackPage(0, page)), every FP16 page staged.
-PagedDecodeParams FormatAlone(const PagedDecodeParams& p, int f) {
-  PagedDecodeParams k = p;
-  k.pools[0] = p.pools[f];
-  k.num_formats = 1;
-  k.stage_fp16 = false;
-  return k;
-}
-
-// Enqueues the kernel's grid for k (its plans made here), writing its output, or parts
-// [k.first_part, k.first_part + k.num_splits) of k.workspace when k.parts > 1.
-cudaError_t LaunchGrid(PagedDecodeParams k, cudaStream_t stream) {
-  if (!PlanStaging(k)) return cudaErrorInvalidValue;
-  const cudaError_t raised = RaiseSharedLimit();
-  if (raised != cudaSuccess) return raised;
-  const KernelLaunch launch = KernelFor(k);
-  const dim3 grid(k.num_splits, k.num_kv_heads, k.batch);
-  return LaunchDependent(launch.kernel, grid, dim3(kThreads), launch.smem, stream, k);
-}
-
 }  // namespace
 
 bool FavoursStagedFp16(const PagedDecodeParams& p, const int64_t* entries_of) {
@@ -302,72 +281,15 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   }
   if (p.batch == 0) return cudaSuccess;
   PagedDecodeParams k = p;
-  k.first_part = 0;
-  k.parts = p.num_splits;
-  const cudaError_t e = LaunchGrid(k, stream);
+  if (!PlanStaging(k)) return cudaErrorInvalidValue;
+  const cudaError_t raised = RaiseSharedLimit();
+  if (raised != cudaSuccess) return raised;
+  const KernelLaunch launch = KernelFor(k);
+  const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
+  cudaError_t e = LaunchDependent(launch.kernel, grid, dim3(kThreads), launch.smem, stream, k);
   if (e != cudaSuccess) return e;
   if (p.num_splits > 1) return LaunchSplitMerge(p, stream);
   return p.page_weight != nullptr ? LaunchPageWeights(p, stream) : cudaSuccess;
-}
-
-bool DecodesByFormat(const PagedDecodeParams& p, int32_t max_pages) {
-  if (p.page_weight != nullptr || p.num_formats < 2 ||
-      static_cast<int64_t>(p.batch) * max_pages < std::max<int64_t>(1, kByFormatMinPages) ||
-      DecodeKernelKinds(p) != attention::kAnyKinds) {
-    return false;
-  }
-  for (int f = 0; f < p.num_formats; ++f) {
-    const uint32_t kinds = DecodeKernelKinds(FormatAlone(p, f));
-    if (kinds != 0 && kinds != attention::kAnyKinds) return true;
-  }
-  return false;
-}
-
-cudaError_t ChooseDecodeSplitsByFormat(const PagedDecodeParams& p, int32_t max_pages,
-                                       int32_t num_sms, FormatGrid* grids) {
-  if (!ValidShapes(p)) return cudaErrorInvalidValue;
-  for (int f = 0; f < p.num_formats; ++f) {
-    const cudaError_t e = ChooseDecodeSplit(FormatAlone(p, f), max_pages, num_sms, &grids[f].split);
-    if (e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
-}
-
-int32_t DecodePartsByFormat(const FormatGrid* grids, int32_t num_formats) {
-  int32_t parts = 0;
-  for (int f = 0; f < num_formats; ++f) parts += grids[f].split.num_splits;
-  return parts;
-}
-
-cudaError_t LaunchPagedDecodeByFormat(const PagedDecodeParams& p, const FormatGrid* grids,
-                                      cudaStream_t stream) {
-  if (!ValidShapes(p) || p.page_weight != nullptr) return cudaErrorInvalidValue;
-  if (p.batch == 0) return cudaSuccess;
-  if (p.workspace == nullptr) return cudaErrorInvalidValue;
-  const int32_t parts = DecodePartsByFormat(grids, p.num_formats);
-  for (int f = 0; f < p.num_formats; ++f) {
-    const FormatGrid& g = grids[f];
-    if (g.indptr == nullptr || g.pages == nullptr || g.seq_lens == nullptr ||
-        g.split.num_splits < 1 || g.split.pages_per_split < 1) {
-      return cudaErrorInvalidValue;
-    }
-  }
-  if (parts < 2) return cudaErrorInvalidValue;  // one grid: LaunchPagedDecode
-  for (int f = 0, first = 0; f < p.num_formats; first += grids[f].split.num_splits, ++f) {
-    PagedDecodeParams k = FormatAlone(p, f);
-    k.packed_indptr = grids[f].indptr;
-    k.packed = grids[f].pages;
-    k.seq_lens = grids[f].seq_lens;
-    k.num_splits = grids[f].split.num_splits;
-    k.pages_per_split = grids[f].split.pages_per_split;
-    k.first_part = first;
-    k.parts = parts;
-    const cudaError_t e = LaunchGrid(k, stream);
-    if (e != cudaSuccess) return e;
-  }
-  PagedDecodeParams merged = p;
-  merged.num_splits = parts;
-  return LaunchSplitMerge(merged, stream);
 }
 
 }  // namespace kvtier::gpu

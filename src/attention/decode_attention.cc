@@ -86,12 +86,8 @@ absl::StatusOr<PreparedDecode> PreparedDecode::Create(const Cache& cache, const 
   }
 #if KVTIER_WITH_CUDA
   const size_t capacity = static_cast<size_t>(rep->extent.batch) * rep->extent.max_pages;
-  // Every layer has layer 0's layouts, which decide whether the step reads by format.
-  KVTIER_ASSIGN_OR_RETURN(const PagedLayer kv, GetPagedLayer(cache, 0));
-  const size_t by_format = ReadsByFormat(kv, rep->extent) ? kv.formats.size() : 0;
-  KVTIER_ASSIGN_OR_RETURN(rep->device,
-                          CudaDecodeTables::Upload(tables, launch.stream, /*any_stream=*/true,
-                                                   capacity, by_format));
+  KVTIER_ASSIGN_OR_RETURN(rep->device, CudaDecodeTables::Upload(tables, launch.stream,
+                                                                    /*any_stream=*/true, capacity));
   rep->tables.slab_unmaps = tables.slab_unmaps;
   return PreparedDecode(std::move(rep));
 #else

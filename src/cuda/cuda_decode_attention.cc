@@ -11,7 +11,6 @@
 #include "kernels/attention/logits.cuh"
 #include "kernels/data_plane.cuh"
 #include "kernels/decode_attention.cuh"
-#include "src/attention/pages_by_format.h"
 #include "src/cuda/cuda_status.h"
 
 namespace kvtier {
@@ -124,9 +123,11 @@ gpu::DecodeLogitsParams LogitsParams(const gpu::PagedDecodeParams& p, const Page
   return l;
 }
 
-// The fused launch's palette (pools, staging) and batch shapes for tables of `extent`.
-gpu::PagedDecodeParams PaletteParams(const PagedLayer& kv, const TableExtent& extent,
-                                     int32_t num_q_heads) {
+// Launches the fused kernel over device tables, then the logits kernel when outputs.logits is
+// set. REQUIRES: CheckFusedCall is OK.
+absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
+                         const TableExtent& extent, const DecodeQueries& queries,
+                         const DecodeOutputs& outputs, const DeviceLaunch& launch) {
   gpu::PagedDecodeParams p;
   for (size_t f = 0; f < kv.formats.size(); ++f) {
     const PagedLayer::Format& format = kv.formats[f];
@@ -136,48 +137,15 @@ gpu::PagedDecodeParams PaletteParams(const PagedLayer& kv, const TableExtent& ex
   // From entries_of alone, which a PreparedDecode keeps from its first tables (TableExtent), not
   // the current entries: its launches then agree.
   p.stage_fp16 = gpu::FavoursStagedFp16(p, extent.entries_of.data());
-  p.batch = static_cast<int32_t>(extent.batch);
-  p.num_q_heads = num_q_heads;
-  p.num_kv_heads = kv.num_kv_heads;
-  return p;
-}
-
-// The grids of a by-format launch of p over tables' by_format, each split for up to max_pages
-// pages a sequence on `sms` multiprocessors.
-absl::StatusOr<std::vector<gpu::FormatGrid>> FormatGrids(const gpu::PagedDecodeParams& p,
-                                                         const CudaDecodeTables& tables,
-                                                         int32_t max_pages, int32_t sms) {
-  std::vector<gpu::FormatGrid> grids(static_cast<size_t>(p.num_formats));
-  for (size_t f = 0; f < grids.size(); ++f) {
-    const CudaDecodeTables::FormatTables& t = tables.by_format()[f];
-    grids[f].indptr = t.indptr;
-    grids[f].pages = t.pages;
-    grids[f].seq_lens = t.seq_lens;
-  }
-  KVTIER_CUDA_RETURN_IF_ERROR(
-      gpu::ChooseDecodeSplitsByFormat(p, max_pages, sms, grids.data()));
-  return grids;
-}
-
-// Launches the fused kernel over device tables (one grid per format where they have them and the
-// call has no page weights, which those grids do not keep), then the logits kernel when
-// outputs.logits is set. REQUIRES: CheckFusedCall is OK.
-absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
-                         const TableExtent& extent, const DecodeQueries& queries,
-                         const DecodeOutputs& outputs, const DeviceLaunch& launch) {
-  gpu::PagedDecodeParams p = PaletteParams(kv, extent, queries.num_q_heads);
-  const int32_t batch = p.batch;
+  const int32_t batch = static_cast<int32_t>(extent.batch);
   int device = 0, sms = 0;
   KVTIER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   KVTIER_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  p.batch = batch;
+  p.num_q_heads = queries.num_q_heads;
+  p.num_kv_heads = kv.num_kv_heads;
   gpu::DecodeSplit split;
   KVTIER_CUDA_RETURN_IF_ERROR(gpu::ChooseDecodeSplit(p, extent.max_pages, sms, &split));
-  std::vector<gpu::FormatGrid> grids;
-  int32_t parts = split.num_splits;  // of the workspace
-  if (!tables.by_format().empty() && outputs.page_weight.empty()) {
-    KVTIER_ASSIGN_OR_RETURN(grids, FormatGrids(p, tables, extent.max_pages, sms));
-    parts = gpu::DecodePartsByFormat(grids.data(), p.num_formats);
-  }
 
   const auto stream = static_cast<cudaStream_t>(launch.stream);
   StreamBuffers buffers(stream);
@@ -196,7 +164,8 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
   p.lse = outputs.lse.data();
   p.num_splits = split.num_splits;
   p.pages_per_split = split.pages_per_split;
-  const int64_t workspace = gpu::DecodeWorkspaceFloats(batch, queries.num_q_heads, parts);
+  const int64_t workspace =
+      gpu::DecodeWorkspaceFloats(batch, queries.num_q_heads, split.num_splits);
   if (workspace > 0) {
     KVTIER_ASSIGN_OR_RETURN(p.workspace, buffers.Allocate<float>(static_cast<size_t>(workspace)));
   }
@@ -214,9 +183,7 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
     KVTIER_ASSIGN_OR_RETURN(p.page_lse, buffers.Allocate<float>(static_cast<size_t>(page_lse)));
     p.page_weight = outputs.page_weight.data();
   }
-  KVTIER_CUDA_RETURN_IF_ERROR(grids.empty()
-                                  ? gpu::LaunchPagedDecode(p, stream)
-                                  : gpu::LaunchPagedDecodeByFormat(p, grids.data(), stream));
+  KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchPagedDecode(p, stream));
   if (!outputs.logits.empty()) {
     KVTIER_CUDA_RETURN_IF_ERROR(gpu::LaunchDecodeLogits(LogitsParams(p, kv, outputs), stream));
   }
@@ -226,20 +193,13 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaDecodeTables>> CudaDecodeTables::Upload(
-    const PageTables& tables, void* stream, bool any_stream, size_t packed_capacity,
-    size_t by_format) {
+    const PageTables& tables, void* stream, bool any_stream, size_t packed_capacity) {
   std::unique_ptr<CudaDecodeTables> d(new CudaDecodeTables(stream));
   const auto s = static_cast<cudaStream_t>(stream);
   d->packed_capacity_ = std::max(packed_capacity, tables.packed.size());
   KVTIER_ASSIGN_OR_RETURN(d->indptr_, AllocateOn<int32_t>(s, tables.packed_indptr.size()));
   KVTIER_ASSIGN_OR_RETURN(d->packed_, AllocateOn<uint32_t>(s, d->packed_capacity_));
   KVTIER_ASSIGN_OR_RETURN(d->seq_lens_, AllocateOn<int32_t>(s, tables.seq_lens.size()));
-  d->by_format_.resize(by_format);
-  for (FormatTables& t : d->by_format_) {
-    KVTIER_ASSIGN_OR_RETURN(t.indptr, AllocateOn<int32_t>(s, tables.packed_indptr.size()));
-    KVTIER_ASSIGN_OR_RETURN(t.pages, AllocateOn<uint32_t>(s, d->packed_capacity_));
-    KVTIER_ASSIGN_OR_RETURN(t.seq_lens, AllocateOn<int32_t>(s, tables.seq_lens.size()));
-  }
   KVTIER_RETURN_IF_ERROR(d->CopyIn(tables));
   if (any_stream) {
     cudaEvent_t uploaded = nullptr;
@@ -261,17 +221,7 @@ absl::Status CudaDecodeTables::CopyIn(const PageTables& tables) {
   };
   KVTIER_RETURN_IF_ERROR(copy(tables.packed_indptr, indptr_));
   KVTIER_RETURN_IF_ERROR(copy(tables.packed, packed_));
-  KVTIER_RETURN_IF_ERROR(copy(tables.seq_lens, seq_lens_));
-  if (by_format_.empty()) return absl::OkStatus();
-  // Copies from pageable memory: the host vectors may go once the calls return.
-  const std::vector<FormatPages> split =
-      SplitPagesByFormat(tables, by_format_.size(), gpu::kDecodeBlockTokens);
-  for (size_t f = 0; f < split.size(); ++f) {
-    KVTIER_RETURN_IF_ERROR(copy(split[f].indptr, by_format_[f].indptr));
-    KVTIER_RETURN_IF_ERROR(copy(split[f].pages, by_format_[f].pages));
-    KVTIER_RETURN_IF_ERROR(copy(split[f].seq_lens, by_format_[f].seq_lens));
-  }
-  return absl::OkStatus();
+  return copy(tables.seq_lens, seq_lens_);
 }
 
 absl::Status CudaDecodeTables::Overwrite(const PageTables& tables) {
@@ -300,11 +250,8 @@ CudaDecodeTables::~CudaDecodeTables() {
     }
   }
   if (uploaded_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(uploaded_));
-  std::vector<void*> buffers = {indptr_, packed_, seq_lens_};
-  for (const FormatTables& t : by_format_) {
-    buffers.insert(buffers.end(), {t.indptr, t.pages, t.seq_lens});
-  }
-  for (void* p : buffers) {
+  for (void* p : {static_cast<void*>(indptr_), static_cast<void*>(packed_),
+                  static_cast<void*>(seq_lens_)}) {
     if (p != nullptr) cudaFreeAsync(p, s);
   }
 }
@@ -339,22 +286,14 @@ absl::Status CudaDecodeTables::Read(void* stream,
   return CudaStatus(recorded, "cudaEventRecord");
 }
 
-bool ReadsByFormat(const PagedLayer& kv, const TableExtent& extent) {
-  if (kv.formats.size() > static_cast<size_t>(gpu::kDecodeMaxFormats)) return false;
-  return gpu::DecodesByFormat(PaletteParams(kv, extent, kv.num_kv_heads), extent.max_pages);
-}
-
 absl::Status CudaDecodeAttention(const PagedLayer& kv, const PageTables& tables,
                                  const DecodeQueries& queries, const DecodeOutputs& outputs,
                                  const DeviceLaunch& launch) {
   KVTIER_ASSIGN_OR_RETURN(const TableExtent extent,
                           CheckPageTables(tables, kv.block_tokens, kv.formats.size()));
   KVTIER_RETURN_IF_ERROR(CheckFusedCall(kv, extent, queries, outputs));
-  const size_t by_format =
-      outputs.page_weight.empty() && ReadsByFormat(kv, extent) ? kv.formats.size() : 0;
-  KVTIER_ASSIGN_OR_RETURN(
-      std::unique_ptr<CudaDecodeTables> device,
-      CudaDecodeTables::Upload(tables, launch.stream, /*any_stream=*/false, 0, by_format));
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<CudaDecodeTables> device,
+                          CudaDecodeTables::Upload(tables, launch.stream, /*any_stream=*/false, 0));
   return LaunchFused(kv, *device, extent, queries, outputs, launch);
 }
 

@@ -28,18 +28,14 @@ namespace kvtier {
 // before it frees the copies there. Reads captured into a CUDA graph are not tracked (an event
 // recorded in a capture cannot be waited on outside it; see PreparedDecode's REQUIRES).
 // Thread-safety: Read may be called concurrently.
-// With `by_format` (ReadsByFormat: the palette's size, else 0), each format's pages of every
-// sequence too, for a launch of one grid per format (gpu::FormatGrid).
 class CudaDecodeTables {
  public:
   // Copies them on `stream` (a cudaStream_t) into buffers with room for `packed_capacity`
   // packed entries (at least the tables' own); with `any_stream`, records the upload event for
-  // reads on other streams. REQUIRES: tables checked by CheckPageTables. Internal for a CUDA
-  // error.
+  // reads on other streams. Internal for a CUDA error.
   static absl::StatusOr<std::unique_ptr<CudaDecodeTables>> Upload(const PageTables& tables,
                                                                   void* stream, bool any_stream,
-                                                                  size_t packed_capacity,
-                                                                  size_t by_format);
+                                                                  size_t packed_capacity);
   ~CudaDecodeTables();  // frees the copies on the stream of Upload, after every reader stream
 
   // Copies `tables` into the same buffers on the stream of Upload, after the reads on other
@@ -57,13 +53,6 @@ class CudaDecodeTables {
   const int32_t* packed_indptr() const { return indptr_; }
   const uint32_t* packed() const { return packed_; }
   const int32_t* seq_lens() const { return seq_lens_; }
-  // Format f's tables (gpu::FormatGrid's indptr, pages, seq_lens) for f < by_format; else none.
-  struct FormatTables {
-    int32_t* indptr = nullptr;
-    uint32_t* pages = nullptr;
-    int32_t* seq_lens = nullptr;
-  };
-  const std::vector<FormatTables>& by_format() const { return by_format_; }
 
  private:
   struct Reader {
@@ -80,17 +69,11 @@ class CudaDecodeTables {
   uint32_t* packed_ = nullptr;
   size_t packed_capacity_ = 0;
   int32_t* seq_lens_ = nullptr;
-  std::vector<FormatTables> by_format_;  // [by_format]
   mutable Mutex mu_;
   mutable std::vector<Reader> readers_ ABSL_GUARDED_BY(mu_);
   // A reader's event could not be recorded: the destructor waits for the whole device.
   mutable std::atomic<bool> lost_reader_{false};
 };
-
-// Whether attention over tables of `extent` in kv's palette, without page weights, runs one grid
-// per format (gpu::DecodesByFormat for extent's batch and max_pages), so that its device tables
-// need by_format.
-bool ReadsByFormat(const PagedLayer& kv, const TableExtent& extent);
 
 // DecodeAttention's CUDA path; `kv` holds device pointers.
 absl::Status CudaDecodeAttention(const PagedLayer& kv, const PageTables& tables,

@@ -6,7 +6,6 @@
 
 #include "benchmark/benchmark.h"
 #include "kvtier/cache.h"
-#include "src/attention/pages_by_format.h"
 #include "src/block_table.h"
 #include "src/page_pool.h"
 
@@ -125,28 +124,6 @@ void BM_BuildPageTables256x32K(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kSequences * (kTokens / 16));
 }
 BENCHMARK(BM_BuildPageTables256x32K)->Unit(benchmark::kMillisecond);
-
-// The host work a by-format decode step adds to each PreparedDecode::Update (and plain CUDA
-// call): each format's tables from the packed table of 256 sequences of 32K tokens, an engine's
-// shape (the first page and the last 16 in format 0, FP16; the rest in format 1).
-void BM_SplitPagesByFormat256x32K(benchmark::State& state) {
-  constexpr int kSequences = 256, kPages = 2048;
-  PageTables tables;
-  tables.packed_indptr = {0};
-  for (int b = 0; b < kSequences; ++b) {
-    for (int i = 0; i < kPages; ++i) {
-      const uint32_t format = i == 0 || i >= kPages - 16 ? 0 : 1;
-      tables.packed.push_back(PackPage(format, static_cast<uint32_t>(b * kPages + i)));
-    }
-    tables.packed_indptr.push_back(static_cast<int32_t>(tables.packed.size()));
-    tables.seq_lens.push_back(16 * kPages - 5);
-  }
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(SplitPagesByFormat(tables, 2, 16));
-  }
-  state.SetItemsProcessed(state.iterations() * kSequences * kPages);
-}
-BENCHMARK(BM_SplitPagesByFormat256x32K)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace kvtier

@@ -59,7 +59,6 @@
 #include "kvtier/format.h"
 #include "kvtier/page_tables.h"
 #include "kvtier/prepared_append.h"
-#include "src/attention/pages_by_format.h"
 #include "src/cuda/cuda_backend.h"
 #include "tests/bench/sm_clock_sampler.h"
 
@@ -549,10 +548,8 @@ constexpr DecodeVariant kBackToBack = {"_back_to_back", false, false, 32};
 constexpr DecodeVariant kGraph = {"_graph", false, false, 32, false, true};
 
 // Median milliseconds of each variant of launch p (prepared by Decode; `entries` packed pages),
-// timed in turns (MedianMsInTurns). With `grids` (a grid per format, as the library launches
-// when gpu::DecodesByFormat), the variants without page weights launch them.
+// timed in turns (MedianMsInTurns).
 std::vector<double> TimeDecode(cudaStream_t stream, const gpu::PagedDecodeParams& p,
-                               const std::vector<gpu::FormatGrid>& grids,
                                const std::vector<DecodeVariant>& variants, int64_t entries,
                                int runs) {
   std::vector<void*> buffers;
@@ -574,11 +571,9 @@ std::vector<double> TimeDecode(cudaStream_t stream, const gpu::PagedDecodeParams
       q.page_lse = static_cast<float*>(d_page_lse);
       q.page_weight = static_cast<float*>(d_weight);
     }
-    const gpu::FormatGrid* by_format = grids.empty() || v.page_weight ? nullptr : grids.data();
-    auto call = [stream, q, entries, by_format, zero = v.zero_weights] {
+    auto call = [stream, q, entries, zero = v.zero_weights] {
       if (zero) CHECK_CUDA(cudaMemsetAsync(q.page_weight, 0, entries * 4, stream));
-      CHECK_CUDA(by_format == nullptr ? gpu::LaunchPagedDecode(q, stream)
-                                      : gpu::LaunchPagedDecodeByFormat(q, by_format, stream));
+      CHECK_CUDA(gpu::LaunchPagedDecode(q, stream));
     };
     if (!v.graph) {
       inner.push_back(v.back_to_back);
@@ -715,32 +710,7 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
   p.num_kv_heads = kKvHeads;
   gpu::DecodeSplit split;
   CHECK_CUDA(gpu::ChooseDecodeSplit(p, static_cast<int32_t>(pages), sms, &split));
-  std::vector<gpu::FormatGrid> grids;  // as the library launches this batch
-  std::vector<void*> grid_buffers;
-  int32_t parts = split.num_splits;
-  if (gpu::DecodesByFormat(p, static_cast<int32_t>(pages))) {
-    grids.resize(formats);
-    CHECK_CUDA(gpu::ChooseDecodeSplitsByFormat(p, static_cast<int32_t>(pages), sms, grids.data()));
-    parts = std::max(parts, gpu::DecodePartsByFormat(grids.data(), p.num_formats));
-    const auto upload = [&](const auto& host) {
-      void* d = nullptr;
-      CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(host.size(), 1) * 4));
-      CHECK_CUDA(cudaMemcpy(d, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
-      grid_buffers.push_back(d);
-      return d;
-    };
-    PageTables tables;
-    tables.packed_indptr = indptr;
-    tables.packed = packed;
-    tables.seq_lens = lens;
-    const std::vector<FormatPages> split = SplitPagesByFormat(tables, formats, kTokens);
-    for (size_t f = 0; f < formats; ++f) {
-      grids[f].indptr = static_cast<const int32_t*>(upload(split[f].indptr));
-      grids[f].pages = static_cast<const uint32_t*>(upload(split[f].pages));
-      grids[f].seq_lens = static_cast<const int32_t*>(upload(split[f].seq_lens));
-    }
-  }
-  const int64_t workspace = gpu::DecodeWorkspaceFloats(batch, kQHeads, parts);
+  const int64_t workspace = gpu::DecodeWorkspaceFloats(batch, kQHeads, split.num_splits);
   void *d_indptr, *d_packed, *d_lens, *d_q, *d_out, *d_lse, *d_work = nullptr;
   CHECK_CUDA(cudaMalloc(&d_indptr, indptr.size() * 4));
   CHECK_CUDA(cudaMalloc(&d_packed, packed.size() * 4));
@@ -766,7 +736,7 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
   p.workspace = static_cast<float*>(d_work);
   const int runs = read > 4e9 ? 10 : 30;
   const std::vector<double> ms =
-      TimeDecode(stream, p, grids, variants, static_cast<int64_t>(packed.size()), runs);
+      TimeDecode(stream, p, variants, static_cast<int64_t>(packed.size()), runs);
   for (size_t v = 0; v < variants.size(); ++v) {
     char shared[32] = "";
     if (shared_pages > 0) {
@@ -779,7 +749,6 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
     out->push_back({name, read, ms[v]});
   }
   for (void* ptr : {d_indptr, d_packed, d_lens, d_q, d_out, d_lse, d_work}) CHECK_CUDA(cudaFree(ptr));
-  for (void* ptr : grid_buffers) CHECK_CUDA(cudaFree(ptr));
   return true;
 }
 

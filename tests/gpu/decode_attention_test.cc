@@ -30,8 +30,6 @@
 #include "kvtier/cache.h"
 #include "kvtier/format.h"
 #include "kvtier/merge_states.h"
-#include "src/attention/attention_contract.h"
-#include "src/cuda/cuda_decode_attention.h"
 #include "src/relative_error.h"
 #include "tests/gpu/cache_pair.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -278,16 +276,6 @@ std::pair<int64_t, int64_t> Fp16Pages(CachePair& pair, const std::vector<Sequenc
   return {fp16, static_cast<int64_t>(tables.packed.size())};
 }
 
-// Launch parameters of `palette`'s pools (layouts only: for the host planners).
-gpu::PagedDecodeParams PaletteLayouts(const std::vector<std::string>& palette) {
-  gpu::PagedDecodeParams p;
-  p.num_formats = static_cast<int32_t>(palette.size());
-  for (size_t f = 0; f < palette.size(); ++f) {
-    p.pools[f].layout = MakePageLayout(8, 16, 128, ParseFormat(palette[f]).value());
-  }
-  return p;
-}
-
 // The kernel instance a palette runs (DecodeKernelKinds), on the host: a palette kernel for all
 // NVFP4 (along head_dim) or all E4M3, the generic kernel for the rest, an FP16 format beside
 // them included (a kernel of their own beside direct FP16 pages ran slower: docs/benchmarks.md,
@@ -297,7 +285,11 @@ TEST(DecodeAttentionTest, PalettesRunTheirKernels) {
   using gpu::attention::kE4M3Kinds;
   using gpu::attention::kNvfp4Kinds;
   const auto kinds = [](const std::vector<std::string>& palette, bool stage_fp16) {
-    gpu::PagedDecodeParams p = PaletteLayouts(palette);
+    gpu::PagedDecodeParams p;
+    p.num_formats = static_cast<int32_t>(palette.size());
+    for (size_t f = 0; f < palette.size(); ++f) {
+      p.pools[f].layout = MakePageLayout(8, 16, 128, ParseFormat(palette[f]).value());
+    }
     p.stage_fp16 = stage_fp16;
     return gpu::DecodeKernelKinds(p);
   };
@@ -312,64 +304,6 @@ TEST(DecodeAttentionTest, PalettesRunTheirKernels) {
   EXPECT_EQ(kinds({"fp8_e5m2/token_head"}, false), kAnyKinds);
   EXPECT_EQ(kinds({"fp16"}, false), kAnyKinds);
   EXPECT_EQ(kinds({"bf16"}, false), 0u);  // not read by the kernel
-}
-
-// Which palettes read as one grid per format (DecodesByFormat), on the host: those whose one
-// grid runs the generic kernel while a format has a kernel of its own (an engine's FP16 hot
-// format beside NVFP4 or E4M3 pages, the balanced mix), at batches of kByFormatMinPages pages or
-// more, without page weights. Runs without a GPU.
-TEST(DecodeAttentionTest, PalettesReadByFormat) {
-  const int32_t pages = static_cast<int32_t>(std::max<int64_t>(2048, gpu::kByFormatMinPages));
-  const auto by_format = [](const std::vector<std::string>& palette, int32_t batch,
-                            int32_t max_pages, bool page_weights = false) {
-    gpu::PagedDecodeParams p = PaletteLayouts(palette);
-    p.batch = batch;
-    float weight = 0.f;
-    if (page_weights) p.page_weight = &weight;
-    return gpu::DecodesByFormat(p, max_pages);
-  };
-  const std::vector<std::string> mix = {"fp16", "fp8_e4m3/block_head",
-                                        "k:nvfp4_channel/block_head,v:nvfp4/block_head"};
-  EXPECT_TRUE(by_format({"fp16", "nvfp4/block_head"}, 1, pages));
-  EXPECT_TRUE(by_format({"fp16", "fp8_e4m3/block_head"}, 8, pages));
-  EXPECT_TRUE(by_format(mix, 64, pages));
-  EXPECT_TRUE(by_format({"fp8_e4m3/token_head", "nvfp4/block_head"}, 1, pages));
-  EXPECT_FALSE(by_format({"fp16", "nvfp4/block_head"}, 1, pages, /*page_weights=*/true));
-  EXPECT_FALSE(by_format({"nvfp4/block_head"}, 1, pages));                     // one format
-  EXPECT_FALSE(by_format({"nvfp4/tensor", "nvfp4/block_head"}, 1, pages));     // one kernel
-  EXPECT_FALSE(by_format({"fp16", "nvfp4_channel/block_head"}, 1, pages));     // none of its own
-  EXPECT_FALSE(by_format({"fp16", "bf16"}, 1, pages));                         // not read
-  if (gpu::kByFormatMinPages > 1) {
-    EXPECT_FALSE(by_format({"fp16", "nvfp4/block_head"}, 1,
-                           static_cast<int32_t>(gpu::kByFormatMinPages - 1)));
-  }
-}
-
-// Batches large enough to read by format (DecodesByFormat), formats mixed at random within
-// sequences (partial tails in the hot format, FP16 or E4M3), against the reference; the
-// prepared step (which reads by format too) gives the same bits.
-TEST(DecodeAttentionTest, LargeBatchesReadByFormat) {
-  KVTIER_REQUIRE_GPU();
-  std::mt19937 rng(29);
-  for (const std::vector<std::string>& palette :
-       {std::vector<std::string>{"fp16", "nvfp4/block_head"},
-        std::vector<std::string>{"fp16", "fp8_e4m3/block_head", "nvfp4/block_head"},
-        std::vector<std::string>{"fp8_e4m3/token_head", "nvfp4/block_head"}}) {
-    SCOPED_TRACE(absl::StrJoin(palette, " "));
-    auto pair = CachePair::Create(MakeOptions(palette, 1024)).value();
-    std::vector<int64_t> lengths = {0, 1, 17, 8191};
-    std::uniform_int_distribution<int64_t> length(4000, 9000);
-    while (lengths.size() < 32) lengths.push_back(length(rng));  // 32 x 512 pages: by format
-    const std::vector<SequenceId> seqs = Fill(*pair, lengths, &rng);
-    PageTables tables;
-    ASSERT_TRUE(pair->gpu().BuildPageTables(seqs, &tables).ok());
-    const PagedLayer kv = GetPagedLayer(pair->gpu(), 0).value();
-    const TableExtent extent = CheckPageTables(tables, 16, palette.size()).value();
-    ASSERT_TRUE(ReadsByFormat(kv, extent)) << extent.batch << " x " << extent.max_pages;
-    for (int group : {1, 4, 16}) {
-      EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
-    }
-  }
 }
 
 // An engine's palette once most pages have aged: FP16 tails (and sinks) read directly beside
@@ -483,8 +417,7 @@ struct BatchShape {
 // page weights in one buffer per path: the reference on the CPU cache, the kernel over the tables and over a
 // prepared step on the CUDA cache. Returns "" when the kernel's weights agree with the
 // reference's, both paths give the same bits, and the outputs' bits are those of the same calls
-// without page weights (unless those read by format: DecodeOutputs::page_weight; Compare checks
-// their accuracy). With `nan_heads`, every head of the first sequence and every fifth other
+// without page weights. With `nan_heads`, every head of the first sequence and every fifth other
 // head hold a NaN query: the first sequence's pages must weigh exactly 0.
 std::string ComparePageWeights(CachePair& pair, const std::vector<SequenceId>& seqs, int group,
                                std::mt19937* rng, bool nan_heads) {
@@ -496,9 +429,6 @@ std::string ComparePageWeights(CachePair& pair, const std::vector<SequenceId>& s
   if (gt.packed.size() != entries) return "the caches' tables differ in size";
   absl::StatusOr<PreparedDecode> step = PreparedDecode::Create(pair.gpu(), gt);
   if (!step.ok()) return absl::StrCat("prepare: ", step.status().ToString());
-  const bool by_format =
-      ReadsByFormat(GetPagedLayer(pair.gpu(), 0).value(),
-                    CheckPageTables(gt, g.block_tokens, pair.options().palette.size()).value());
   std::vector<float> want(entries, 0.f), ref_out(n), ref_lse(rows), q(n);
   DeviceBuffer dq(n * 4), dout(n * 4), dlse(rows * 4), dw(entries * 4 + 4),
       dw_step(entries * 4 + 4);
@@ -527,7 +457,7 @@ std::string ComparePageWeights(CachePair& pair, const std::vector<SequenceId>& s
       std::vector<float>* got = with_weights ? weighted : plain;
       got[0] = Download(dout, n), got[1] = Download(dlse, rows);
     }
-    for (int i = 0; i < 2 && !by_format; ++i) {
+    for (int i = 0; i < 2; ++i) {
       const std::string diff = CompareFloats(plain[i], weighted[i]);
       if (!diff.empty()) return absl::StrCat("layer ", layer, ": page weights change ", diff);
     }
