@@ -11,7 +11,8 @@
 # Everything goes under $OUT (default ./gpu-out): engine.json, engine.log, engine_tables.md,
 # module/ (the module's build log).
 # With the device tool:
-#   run(command="bash scripts/gpu_engine.sh", carry=["bundle", ".whl"], kind="nvidia-h200")
+#   run(command="bash scripts/gpu_engine.sh", kind="nvidia-h200",
+#       carry=["bundle/lib", "bundle/include", "bundle/BUILD_INFO", ".whl"])
 #   run(command="bash scripts/gpu_engine.sh --smoke", carry=["bundle"], kind="nvidia-h200")
 # (.whl/: FlashInfer's wheels, `bash scripts/gpu_python.sh --fetch-wheels` here; without them
 # the speed section has no FlashInfer rows.)
