@@ -17,7 +17,7 @@
 # With the device tool:
 #   run(command="bash scripts/gpu_python.sh", kind="nvidia-h200",
 #       carry=["bundle/lib", "bundle/include", "bundle/kvtier_gpu_bench", "bundle/BUILD_INFO", ".whl"])
-#   (the parts of bundle/ it reads: the whole bundle and the wheels pass the tool's 64 MiB)
+#   (the parts of bundle/ it reads: the whole bundle with the wheels exceeds the tool's 64 MiB)
 # Here, with network, to (re)fetch the wheels (pinned versions, checked by SHA-256):
 #   bash scripts/gpu_python.sh --fetch-wheels
 # Only step 2 (the module into /tmp/kvpy, no wheels needed):
