@@ -1,9 +1,9 @@
 // kvtier's fused mixed-format paged decode attention kernel (contract in
 // kernels/decode_attention.cuh; host planner and launchers in decode_launch.cu).
 //
-// Work split: a block of 4 warps attends one (sequence, KV head, split); its warps take the
+// Work split: a block of 8 warps attends one (sequence, KV head, split); its warps take the
 // split's pages in turn, each keeping its own online-softmax state for the GQA group, and the
-// block merges the four states at the end. Each warp streams its pages into shared memory
+// block merges the eight states at the end. Each warp streams its pages into shared memory
 // through its own cp.async ring (3 or 5 deep; page-table entries are read 32 at a time, a
 // batch ahead) and handles one 16-token page per step with m16n8k16 tensor-core products (FP16
 // in, FP32 accumulate). The query heads are the mma's N dimension, so that a GQA group of 8
@@ -170,10 +170,10 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
                                            const DecodeBlock& k) {
   constexpr int kD = kDecodeHeadDim;
   const MergeArea<8 * kTiles> s = MergeAreaOf<8 * kTiles>(smem);
-  static_assert(kThreads == kDecodeHeadDim, "one thread per dim in the block merge");
-  const int d = threadIdx.x;
+  static_assert(kThreads % kDecodeHeadDim == 0, "whole rows of dims in the block merge");
+  const int d = threadIdx.x % kD;
   const bool split_kv = p.num_splits > 1;
-  for (int row = 0; row < k.group; ++row) {
+  for (int row = threadIdx.x / kD; row < k.group; row += kThreads / kD) {
     float m = -INFINITY;
     bool nan = false;
 #pragma unroll
@@ -215,7 +215,10 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
 // work. kUniformV: every format of the palette has one V scale per page (OnlineSoftmax). kKinds:
 // the side kinds every format of the palette has (kNvfp4Kinds, kE4M3Kinds), or kAnyKinds.
 template <int kTiles, int kStages, PageLse kPageLse, bool kUniformV, uint32_t kKinds>
-__global__ void __launch_bounds__(kThreads, kTiles == 1 ? 4 : 2)
+// At most 128 registers for one tile of query heads (two blocks of 8 warps an SM), 255 for two
+// (one): a cap, not __launch_bounds__, since with a 256-thread bound ptxas keeps the NVFP4 loop
+// at 106 registers and re-reads the thread index in it (516 instructions a page against 470).
+__global__ void __maxnreg__(kTiles == 1 ? 128 : 255)
     PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
   constexpr bool kPageWeights = kPageLse != PageLse::kNone;
   extern __shared__ __align__(16) uint8_t smem[];

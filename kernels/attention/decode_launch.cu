@@ -151,7 +151,7 @@ struct KernelLaunch {
 KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const bool wide = k.num_q_heads / k.num_kv_heads > 8;
   const size_t group_rows = wide ? 16 : 8;
-  const size_t blocks_by_registers = wide ? 2 : 4;
+  const size_t blocks_by_registers = (wide ? 8 : 16) / kWarps;
   const size_t kinds = PaletteKinds(k);
   const auto ring = [&](int stages) {
     return static_cast<size_t>(attention::RingBytes(stages, k.stage_bytes)) +
@@ -243,7 +243,7 @@ cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, launch.kernel, kThreads, launch.smem);
   if (e != cudaSuccess) return e;
   // One wave: as many splits as fill the resident blocks of every multiprocessor, with at least
-  // 8 pages per split (two per warp) so that the merge stays small next to the attention, and
+  // 8 pages per split (one per warp) so that the merge stays small next to the attention, and
   // no more splits than the parts the merge loads in one round (kMergeLoadsAtOnce) nor than one
   // per 64 pages (rounded up), whichever is more: at batch 1 from 8K to 48K tokens a merge
   // round more costs more than the shorter splits save (NVFP4, FP8 and the balanced mix 5-10%

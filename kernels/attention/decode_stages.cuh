@@ -16,7 +16,7 @@
 
 namespace kvtier::gpu::attention {
 
-constexpr int kWarps = 4;  // warps per block: each takes the split's pages in turn
+constexpr int kWarps = 8;  // warps per block: each takes the split's pages in turn
 constexpr int kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
