@@ -64,6 +64,8 @@ struct PagedDecodeParams {
   // Split-KV: split s of a sequence attends its pages [s * pages_per_split, (s + 1) * ...).
   int32_t num_splits = 1;
   int32_t pages_per_split = 0;  // REQUIRES: num_splits * pages_per_split >= every page count
+  // Warps a block (4 or 8): ChooseDecodeSplit's choice, which its split assumes. Default: 4.
+  int32_t warps_per_block = 4;
   // With num_splits > 1: device workspace of DecodeWorkspaceFloats() floats.
   float* workspace = nullptr;
   // Optional (null to skip): the attention each page received. The kernel writes the log-sum-
@@ -106,13 +108,16 @@ struct PagedDecodeParams {
 };
 
 // A split of every sequence's pages that fills `num_sms` multiprocessors in one wave with this
-// launch's blocks (their residency depends on the palette's staged page size, stage_fp16 and
-// the GQA group, not on page_weight: the split, and so every output bit, is the same with page
-// weights or without). REQUIRES: p's pools, formats, batch, heads and stage_fp16 are set.
-// Returns cudaErrorInvalidValue for shapes or layouts the kernel does not read.
+// launch's blocks, and the warps of those blocks (their residency depends on the palette's
+// staged page size, stage_fp16 and the GQA group, not on page_weight: the split, and so every
+// output bit, is the same with page weights or without): 8 warps for a split launch whose
+// 8-warp blocks fill 16 warps an SM (two blocks), else 4. REQUIRES: p's pools, formats,
+// batch, heads and stage_fp16 are set. Returns cudaErrorInvalidValue for shapes or layouts the
+// kernel does not read.
 struct DecodeSplit {
   int32_t num_splits;
   int32_t pages_per_split;
+  int32_t warps_per_block;  // for PagedDecodeParams::warps_per_block
 };
 cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int32_t num_sms,
                               DecodeSplit* split);

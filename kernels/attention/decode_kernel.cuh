@@ -1,9 +1,9 @@
 // kvtier's fused mixed-format paged decode attention kernel (contract in
 // kernels/decode_attention.cuh; host planner and launchers in decode_launch.cu).
 //
-// Work split: a block of 8 warps attends one (sequence, KV head, split); its warps take the
-// split's pages in turn, each keeping its own online-softmax state for the GQA group, and the
-// block merges the eight states at the end. Each warp streams its pages into shared memory
+// Work split: a block of 4 or 8 warps (kWarps, chosen per launch by ChooseDecodeSplit) attends
+// one (sequence, KV head, split); its warps take the split's pages in turn, each keeping its own
+// online-softmax state for the GQA group, and the block merges their states at the end. Each warp streams its pages into shared memory
 // through its own cp.async ring (3 or 5 deep; page-table entries are read 32 at a time, a
 // batch ahead) and handles one 16-token page per step with m16n8k16 tensor-core products (FP16
 // in, FP32 accumulate). The query heads are the mma's N dimension, so that a GQA group of 8
@@ -49,6 +49,7 @@ namespace kvtier::gpu::attention {
 // Stage: this warp's pages, first, first + kWarps, ... below the split's end, through its ring
 // of kStages staged pages. Their table entries are read 32 at a time (lane l holds entry
 // 32 n + l), a batch ahead.
+template <int kWarps>
 struct PageRing {
   uint8_t* ring;
   uint32_t ring_shared;  // the ring's shared-memory address
@@ -76,10 +77,10 @@ struct PageRing {
   }
 };
 
-template <int kStages>
-__device__ __forceinline__ PageRing RingOf(const PagedDecodeParams& p, uint8_t* smem,
-                                           const DecodeBlock& k) {
-  PageRing r;
+template <int kWarps, int kStages>
+__device__ __forceinline__ PageRing<kWarps> RingOf(const PagedDecodeParams& p, uint8_t* smem,
+                                                   const DecodeBlock& k) {
+  PageRing<kWarps> r;
   r.ring = smem + k.warp * kStages * p.stage_bytes;
   r.ring_shared = SharedAddress(r.ring);
   r.ring_entry =
@@ -94,8 +95,8 @@ __device__ __forceinline__ PageRing RingOf(const PagedDecodeParams& p, uint8_t* 
 
 // The warp's page i, landed in `slot`: its plan and where the stages read it. Clears the V of
 // tokens past the sequence's end in a staged last page. kKinds and kOneFormat as StagePage.
-template <uint32_t kKinds, bool kOneFormat>
-__device__ __forceinline__ StagedPage OpenPage(const PagedDecodeParams& p, const PageRing& r,
+template <uint32_t kKinds, bool kOneFormat, int kWarps>
+__device__ __forceinline__ StagedPage OpenPage(const PagedDecodeParams& p, const PageRing<kWarps>& r,
                                                const DecodeBlock& k, int i, int slot) {
   StagedPage pg;
   const uint32_t entry = r.ring_entry[slot];
@@ -131,7 +132,7 @@ struct MergeArea {
   float (*l)[kRows];
 };
 
-template <int kRows>
+template <int kWarps, int kRows>
 __device__ __forceinline__ MergeArea<kRows> MergeAreaOf(uint8_t* smem) {
   MergeArea<kRows> a;
   a.out = reinterpret_cast<float(*)[kRows][kDecodeHeadDim]>(smem);
@@ -141,12 +142,12 @@ __device__ __forceinline__ MergeArea<kRows> MergeAreaOf(uint8_t* smem) {
 }
 
 // Epilogue, 1: this warp's state to shared memory.
-template <int kTiles>
+template <int kWarps, int kTiles>
 __device__ __forceinline__ void StoreWarpState(uint8_t* smem, const DecodeBlock& k,
                                                const float (&m_run)[2 * kTiles],
                                                const float (&l_run)[2 * kTiles], float unit,
                                                const float (&o)[kTiles][8][4]) {
-  const MergeArea<8 * kTiles> s = MergeAreaOf<8 * kTiles>(smem);
+  const MergeArea<8 * kTiles> s = MergeAreaOf<kWarps, 8 * kTiles>(smem);
 #pragma unroll
   for (int h = 0; h < 2 * kTiles; ++h) {
     const int row = 8 * (h / 2) + 2 * k.c + h % 2;
@@ -165,11 +166,12 @@ __device__ __forceinline__ void StoreWarpState(uint8_t* smem, const DecodeBlock&
 
 // Epilogue, 2: merges the warps' states (thread d takes dim d of every head of the group) into
 // the output, or into the workspace when the sequence is split.
-template <int kTiles>
+template <int kWarps, int kTiles>
 __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* smem,
                                            const DecodeBlock& k) {
   constexpr int kD = kDecodeHeadDim;
-  const MergeArea<8 * kTiles> s = MergeAreaOf<8 * kTiles>(smem);
+  constexpr int kThreads = kWarps * 32;
+  const MergeArea<8 * kTiles> s = MergeAreaOf<kWarps, 8 * kTiles>(smem);
   static_assert(kThreads % kDecodeHeadDim == 0, "whole rows of dims in the block merge");
   const int d = threadIdx.x % kD;
   const bool split_kv = p.num_splits > 1;
@@ -214,10 +216,11 @@ __device__ __forceinline__ void MergeWarps(const PagedDecodeParams& p, uint8_t* 
 // Without them (kNone) the page sums are never used and compile away: the kernel does no extra
 // work. kUniformV: every format of the palette has one V scale per page (OnlineSoftmax). kKinds:
 // the side kinds every format of the palette has (kNvfp4Kinds, kE4M3Kinds), or kAnyKinds.
-template <int kTiles, int kStages, PageLse kPageLse, bool kUniformV, uint32_t kKinds>
-// At most 128 registers for one tile of query heads (two blocks of 8 warps an SM), 255 for two
-// (one): a cap, not __launch_bounds__, since with a 256-thread bound ptxas keeps the NVFP4 loop
-// at 106 registers and re-reads the thread index in it (516 instructions a page against 470).
+// kWarps: 4 or 8 warps a block.
+template <int kWarps, int kTiles, int kStages, PageLse kPageLse, bool kUniformV, uint32_t kKinds>
+// At most 128 registers for one tile of query heads (16 warps an SM), 255 for two (8): a cap,
+// not __launch_bounds__, since with a 256-thread bound ptxas kept the 8-warp NVFP4 loop at 106
+// registers and re-read the thread index in it (516 instructions a page against 470).
 __global__ void __maxnreg__(kTiles == 1 ? 128 : 255)
     PagedDecodeKernel(const __grid_constant__ PagedDecodeParams p) {
   constexpr bool kPageWeights = kPageLse != PageLse::kNone;
@@ -228,20 +231,21 @@ __global__ void __maxnreg__(kTiles == 1 ? 128 : 255)
   // slowed it by 1-4%; scheduled once every block was past its pages, batch 1 x 8K steps back to
   // back by 18-20% (docs/benchmarks.md, session 13).
   const DecodeBlock k = BlockOf(p);
-  PageRing ring = RingOf<kStages>(p, smem, k);
+  PageRing<kWarps> ring = RingOf<kWarps, kStages>(p, smem, k);
   WaitForPriorKernels();
   // The first pages' copies start before warp 0 reads the queries, so that the two latencies
   // overlap (LoadQuery ends with a barrier); with rotated queries, whose rotation uses the
   // ring's memory, after it.
   const auto stage_first = [&] {
 #pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) ring.Stage<kKinds>(p, k.kv_head, i, i);
+    for (int i = 0; i < kStages - 1; ++i) ring.template Stage<kKinds>(p, k.kv_head, i, i);
   };
   if (!p.rotate_queries) stage_first();
   constexpr bool kSharedQuery = QueryInSharedMemory(kKinds);
   QueryFragments<kTiles, kSharedQuery> query;
   if constexpr (kSharedQuery) {
-    query.base = reinterpret_cast<uint4*>(smem + RingBytes(kStages, p.stage_bytes)) + k.lane;
+    query.base =
+        reinterpret_cast<uint4*>(smem + RingBytes(kWarps, kStages, p.stage_bytes)) + k.lane;
   }
   LoadQuery(p, k, smem, query);
   if (p.rotate_queries) stage_first();
@@ -251,15 +255,15 @@ __global__ void __maxnreg__(kTiles == 1 ? 128 : 255)
   InitState<kTiles>(m_run, l_run, o);
 
   PageLseStore<kTiles> page_lse{};
-  if constexpr (kPageWeights) page_lse = PageLseStoreOf<kTiles>(p, k, ring.first);
+  if constexpr (kPageWeights) page_lse = PageLseStoreOf<kWarps, kTiles>(p, k, ring.first);
   // The page loop, compiled twice in a palette's own kernel: for a palette of one format (its
   // plan and pool as constants, FormatOf: 17% fewer instructions a page of E4M3, docs/attention.md)
   // and for several.
   const auto pages = [&](auto one_format) {
     constexpr bool kOneFormat = decltype(one_format)::value;
     for (int i = 0, slot = 0; i < ring.count; ++i, slot = slot == kStages - 1 ? 0 : slot + 1) {
-      ring.Stage<kKinds, kOneFormat>(p, k.kv_head, i + kStages - 1,
-                                     slot == 0 ? kStages - 1 : slot - 1);
+      ring.template Stage<kKinds, kOneFormat>(p, k.kv_head, i + kStages - 1,
+                                              slot == 0 ? kStages - 1 : slot - 1);
       WaitCopies<kStages - 1>();  // page i has landed (this lane's copies)
       __syncwarp();               // ... and every lane's
       const StagedPage pg = OpenPage<kKinds, kOneFormat>(p, ring, k, i, slot);
@@ -285,9 +289,9 @@ __global__ void __maxnreg__(kTiles == 1 ? 128 : 255)
   WaitCopies<0>();
   __syncthreads();  // the rings are reused below
 
-  StoreWarpState<kTiles>(smem, k, m_run, l_run, unit, o);
+  StoreWarpState<kWarps, kTiles>(smem, k, m_run, l_run, unit, o);
   __syncthreads();
-  MergeWarps<kTiles>(p, smem, k);
+  MergeWarps<kWarps, kTiles>(p, smem, k);
 }
 
 }  // namespace kvtier::gpu::attention

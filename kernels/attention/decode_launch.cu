@@ -29,8 +29,7 @@ using attention::kNvfp4DimSide;
 using attention::kNvfp4TokenSide;
 using attention::kDeepStages;
 using attention::kShallowStages;
-using attention::kThreads;
-using attention::kWarps;
+using attention::kMostWarps;
 using attention::PagedDecodeKernel;
 using attention::PageLse;
 
@@ -100,22 +99,26 @@ using Kernel = void (*)(PagedDecodeParams);
 constexpr uint32_t kPaletteKinds[] = {attention::kAnyKinds, attention::kNvfp4Kinds,
                                       attention::kE4M3Kinds};
 
-// Every instance of the kernel, instance i = (((kinds * 2 + wide) * 2 + deep) * 3 + PageLse) * 2 +
-// uniform V scales (KernelIndex): kKinds = kPaletteKinds[kinds], kTiles 1 or 2 (wide), the
-// shallow or deep ring, the page LSE store, and kUniformV.
+// Every instance of the kernel, instance i = ((((eight * 3 + kinds) * 2 + wide) * 2 + deep) * 3 +
+// PageLse) * 2 + uniform V scales (KernelIndex): kWarps 4 or 8 (eight), kKinds =
+// kPaletteKinds[kinds], kTiles 1 or 2 (wide), the shallow or deep ring, the page LSE store, and
+// kUniformV.
 template <size_t i>
 constexpr Kernel kInstance =
-    PagedDecodeKernel<static_cast<int>(i / 12 % 2) + 1,
+    PagedDecodeKernel<i / 72 == 1 ? 8 : 4, static_cast<int>(i / 12 % 2) + 1,
                       (i / 6) % 2 == 1 ? kDeepStages : kShallowStages,
-                      static_cast<PageLse>(i / 2 % 3), i % 2 == 1, kPaletteKinds[i / 24]>;
+                      static_cast<PageLse>(i / 2 % 3), i % 2 == 1, kPaletteKinds[i / 24 % 3]>;
 template <size_t... i>
 constexpr std::array<Kernel, sizeof...(i)> Instances(std::index_sequence<i...>) {
   return {kInstance<i>...};
 }
-constexpr std::array<Kernel, 72> kKernels = Instances(std::make_index_sequence<72>());
+constexpr std::array<Kernel, 144> kKernels = Instances(std::make_index_sequence<144>());
 
-constexpr size_t KernelIndex(size_t kinds, bool wide, bool deep, PageLse store, bool uniform_v) {
-  return (((kinds * 2 + wide) * 2 + deep) * 3 + static_cast<size_t>(store)) * 2 + uniform_v;
+constexpr size_t KernelIndex(int warps, size_t kinds, bool wide, bool deep, PageLse store,
+                             bool uniform_v) {
+  const size_t eight = warps == 8;
+  return ((((eight * 3 + kinds) * 2 + wide) * 2 + deep) * 3 + static_cast<size_t>(store)) * 2 +
+         uniform_v;
 }
 
 // The index in kPaletteKinds of the kernel for k's palette: the side kinds every format has, if
@@ -131,30 +134,31 @@ size_t PaletteKinds(const PagedDecodeParams& k) {
 
 // Shared memory a multiprocessor gives its blocks (H100, H200: 228 KB), less the 1 KB the
 // runtime keeps per block, divided among the blocks that the registers allow (the kernel's
-// launch bounds: 4 of one query-head tile, 2 of two).
+// register cap: 16 warps an SM with one query-head tile, 8 with two).
 constexpr size_t kSharedPerSm = 228 * 1024;
 constexpr size_t kSharedReservedPerBlock = 1024;
 
 // The most dynamic shared memory a launch asks for (FP16 K and V, the largest staged page, in
 // the shallow ring), the kernels' opt-in limit.
 constexpr size_t kMostSmem =
-    attention::RingBytes(kShallowStages, 2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4);
+    attention::RingBytes(kMostWarps, kShallowStages, 2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4);
 
-// The kernel for k's GQA group (keeping page weights or not) and its dynamic shared memory: the
-// staging rings (and the Q^T fragments of a palette's kernel of its own, QueryFragments), or the
-// block's merge of its warps' states if larger. The deep ring when it fits beside as many
-// blocks as the registers allow (small pages: NVFP4), else the shallow one.
+// The kernel of `warps` warps a block for k's GQA group (keeping page weights or not) and its
+// dynamic shared memory: the staging rings (and the Q^T fragments of a palette's kernel of its
+// own, QueryFragments), or the block's merge of its warps' states if larger. The deep ring when
+// it fits beside as many blocks as the registers allow (small pages: NVFP4), else the shallow one.
 struct KernelLaunch {
   Kernel kernel;
   int smem;
+  int threads;
 };
-KernelLaunch KernelFor(const PagedDecodeParams& k) {
+KernelLaunch KernelFor(const PagedDecodeParams& k, int warps) {
   const bool wide = k.num_q_heads / k.num_kv_heads > 8;
   const size_t group_rows = wide ? 16 : 8;
-  const size_t blocks_by_registers = (wide ? 8 : 16) / kWarps;
+  const size_t blocks_by_registers = (wide ? 8 : 16) / warps;
   const size_t kinds = PaletteKinds(k);
   const auto ring = [&](int stages) {
-    return static_cast<size_t>(attention::RingBytes(stages, k.stage_bytes)) +
+    return static_cast<size_t>(attention::RingBytes(warps, stages, k.stage_bytes)) +
            (attention::QueryInSharedMemory(kPaletteKinds[kinds])
                 ? (wide ? 2 : 1) * attention::kQueryBytesPerTile
                 : 0);
@@ -162,12 +166,13 @@ KernelLaunch KernelFor(const PagedDecodeParams& k) {
   const size_t deep_ring = ring(kDeepStages);
   const bool deep = deep_ring <= kMostSmem &&
                     blocks_by_registers * (deep_ring + kSharedReservedPerBlock) <= kSharedPerSm;
-  const size_t merge = kWarps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
+  const size_t merge = warps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
   const PageLse store = k.page_weight == nullptr ? PageLse::kNone
                         : PageLsesKeptInL2(k)    ? PageLse::kKeptInL2
                                                  : PageLse::kStored;
-  return {kKernels[KernelIndex(kinds, wide, deep, store, ValueScalesUniform(k))],
-          static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge))};
+  return {kKernels[KernelIndex(warps, kinds, wide, deep, store, ValueScalesUniform(k))],
+          static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge)),
+          32 * warps};
 }
 
 // Raises the kernels' opt-in shared memory limit on the current device, once per device, to
@@ -237,26 +242,38 @@ cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int
   k.page_weight = nullptr;  // the plain kernel's residency: the split, and the bits, are the same
   const cudaError_t raised = RaiseSharedLimit();
   if (raised != cudaSuccess) return raised;
-  const KernelLaunch launch = KernelFor(k);
-  int per_sm = 0;
-  const cudaError_t e =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, launch.kernel, kThreads, launch.smem);
-  if (e != cudaSuccess) return e;
   // One wave: as many splits as fill the resident blocks of every multiprocessor, with at least
-  // 8 pages per split (one per warp) so that the merge stays small next to the attention, and
-  // no more splits than the parts the merge loads in one round (kMergeLoadsAtOnce) nor than one
-  // per 64 pages (rounded up), whichever is more: at batch 1 from 8K to 48K tokens a merge
-  // round more costs more than the shorter splits save (NVFP4, FP8 and the balanced mix 5-10%
-  // faster, docs/benchmarks.md, session 16).
-  const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(p.batch) * p.num_kv_heads);
-  const int64_t want = std::max<int64_t>(1, per_sm) * num_sms / blocks;
-  const int64_t most =
-      std::max<int64_t>({1, std::min<int64_t>(attention::kMergeLoadsAtOnce, (max_pages + 7) / 8),
-                         (max_pages + 63) / 64});
-  const int32_t splits = static_cast<int32_t>(std::max<int64_t>(1, std::min(want, most)));
-  const int32_t per = std::max<int32_t>(1, (max_pages + splits - 1) / splits);
-  *split = {static_cast<int32_t>((std::max(max_pages, 1) + per - 1) / per), per};
-  return cudaSuccess;
+  // 8 pages per split so that the merge stays small next to the attention, and no more splits
+  // than the parts the merge loads in one round (kMergeLoadsAtOnce) nor than one per 64 pages
+  // (rounded up), whichever is more: at batch 1 from 8K to 48K tokens a merge round more costs
+  // more than the shorter splits save (NVFP4, FP8 and the balanced mix 5-10% faster,
+  // docs/benchmarks.md, session 16).
+  const auto split_for = [&](int warps, int* per_sm) {
+    const KernelLaunch launch = KernelFor(k, warps);
+    *per_sm = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        per_sm, launch.kernel, launch.threads, launch.smem);
+    if (e != cudaSuccess) return e;
+    const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(p.batch) * p.num_kv_heads);
+    const int64_t want = std::max<int64_t>(1, *per_sm) * num_sms / blocks;
+    const int64_t most = std::max<int64_t>(
+        {1, std::min<int64_t>(attention::kMergeLoadsAtOnce, (max_pages + 7) / 8),
+         (max_pages + 63) / 64});
+    const int32_t splits = static_cast<int32_t>(std::max<int64_t>(1, std::min(want, most)));
+    const int32_t per = std::max<int32_t>(1, (max_pages + splits - 1) / splits);
+    *split = {static_cast<int32_t>((std::max(max_pages, 1) + per - 1) / per), per, warps};
+    return cudaSuccess;
+  };
+  // Eight warps a block for a split launch whose 8-warp blocks still fill 16 warps an SM: each
+  // warp's chain of pages halves at the same split count, which is what a short batch waits
+  // for (batch 1 x 8K NVFP4 11% faster on an H100); four otherwise: an unsplit launch of 8-warp
+  // blocks runs in twice the waves (batch 64 x 1K NVFP4 17% slower), and staged FP16 pages fit
+  // one 8-warp block an SM, which halves the split (docs/benchmarks.md, session 34).
+  int per_sm = 0;
+  const cudaError_t eight = split_for(8, &per_sm);
+  if (eight != cudaSuccess) return eight;
+  if (split->num_splits > 1 && per_sm >= 2) return cudaSuccess;
+  return split_for(4, &per_sm);
 }
 
 bool ValueScalesUniform(const PagedDecodeParams& p) {
@@ -274,6 +291,7 @@ int64_t DecodeWorkspaceFloats(int32_t batch, int32_t num_q_heads, int32_t num_sp
 
 cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   if (!ValidShapes(p) || p.num_splits < 1 || p.pages_per_split < 1 ||
+      (p.warps_per_block != 4 && p.warps_per_block != 8) ||
       (p.num_splits > 1 && p.workspace == nullptr) ||
       (p.page_weight != nullptr &&
        (p.page_lse == nullptr || reinterpret_cast<uintptr_t>(p.page_lse) % sizeof(float2) != 0))) {
@@ -284,9 +302,10 @@ cudaError_t LaunchPagedDecode(const PagedDecodeParams& p, cudaStream_t stream) {
   if (!PlanStaging(k)) return cudaErrorInvalidValue;
   const cudaError_t raised = RaiseSharedLimit();
   if (raised != cudaSuccess) return raised;
-  const KernelLaunch launch = KernelFor(k);
+  const KernelLaunch launch = KernelFor(k, p.warps_per_block);
   const dim3 grid(p.num_splits, p.num_kv_heads, p.batch);
-  cudaError_t e = LaunchDependent(launch.kernel, grid, dim3(kThreads), launch.smem, stream, k);
+  cudaError_t e =
+      LaunchDependent(launch.kernel, grid, dim3(launch.threads), launch.smem, stream, k);
   if (e != cudaSuccess) return e;
   if (p.num_splits > 1) return LaunchSplitMerge(p, stream);
   return p.page_weight != nullptr ? LaunchPageWeights(p, stream) : cudaSuccess;

@@ -16,8 +16,9 @@
 
 namespace kvtier::gpu::attention {
 
-constexpr int kWarps = 8;  // warps per block: each takes the split's pages in turn
-constexpr int kThreads = kWarps * 32;
+// Warps per block (each takes the split's pages in turn): 4, or 8 where a split launch's warps
+// would otherwise attend long chains of pages (ChooseDecodeSplit). kMostWarps: the larger.
+constexpr int kMostWarps = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 // The running maximum may lag the true one by up to kLazy (logits are in log2 units), so that
@@ -83,10 +84,11 @@ struct StagedPage {
   uint32_t direct_v;
 };
 
-// Bytes of shared memory that a block's staging ring of `stages` pages of `stage_bytes` each
-// takes, with each slot's table entry (PageRing), rounded up to 16: the Q^T fragments follow.
-__host__ __device__ constexpr int RingBytes(int stages, int stage_bytes) {
-  return (kWarps * stages * (stage_bytes + 4) + 15) / 16 * 16;
+// Bytes of shared memory that the staging rings of a block of `warps` warps, `stages` pages of
+// `stage_bytes` each, take with each slot's table entry (PageRing), rounded up to 16: the Q^T
+// fragments follow.
+__host__ __device__ constexpr int RingBytes(int warps, int stages, int stage_bytes) {
+  return (warps * stages * (stage_bytes + 4) + 15) / 16 * 16;
 }
 // Bytes of the Q^T fragments of one tile of 8 query heads (LoadQuery).
 constexpr int kQueryBytesPerTile = 4 * 32 * 16;

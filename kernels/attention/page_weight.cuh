@@ -64,7 +64,7 @@ struct PageLseStore {
   bool stores[kTiles];      // whether this lane stores heads 8t + 2c and 8t + 2c + 1
 };
 
-template <int kTiles>
+template <int kWarps, int kTiles>
 __device__ __forceinline__ PageLseStore<kTiles> PageLseStoreOf(const PagedDecodeParams& p,
                                                                const DecodeBlock& k,
                                                                int first_page) {

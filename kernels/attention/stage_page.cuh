@@ -17,7 +17,7 @@
 
 namespace kvtier::gpu::attention {
 
-// The depths of a warp's ring the kernel is compiled for. Every block keeps kWarps x (depth - 1)
+// The depths of a warp's ring the kernel is compiled for. Every block keeps its warps x (depth - 1)
 // pages in flight; the planner (decode_launch.cu) takes the deep ring when it fits the blocks
 // that the registers allow on a multiprocessor, which small pages (NVFP4) need: with 3 stages an
 // NVFP4 page of 2.4 KB left 77 KB in flight per multiprocessor, too few for the read roof.

@@ -164,6 +164,7 @@ absl::Status LaunchFused(const PagedLayer& kv, const CudaDecodeTables& tables,
   p.lse = outputs.lse.data();
   p.num_splits = split.num_splits;
   p.pages_per_split = split.pages_per_split;
+  p.warps_per_block = split.warps_per_block;
   const int64_t workspace =
       gpu::DecodeWorkspaceFloats(batch, queries.num_q_heads, split.num_splits);
   if (workspace > 0) {

@@ -733,6 +733,7 @@ bool Decode(cudaStream_t stream, int sms, const DecodeCase& dc, int batch, int64
   p.lse = static_cast<float*>(d_lse);
   p.num_splits = split.num_splits;
   p.pages_per_split = split.pages_per_split;
+  p.warps_per_block = split.warps_per_block;
   p.workspace = static_cast<float*>(d_work);
   const int runs = read > 4e9 ? 10 : 30;
   const std::vector<double> ms =

@@ -892,7 +892,9 @@ TEST(DecodeAttentionTest, UniformValueScalesOnlyWithoutPerTokenVScales) {
 
 // The split of a batch's pages (ChooseDecodeSplit): one wave of blocks on the multiprocessors
 // given, every page in a split, at least 8 pages per split, and over 32 splits (the parts the
-// merge loads in one round) only one per 64 pages. Host choices over the device's occupancy.
+// merge loads in one round) only one per 64 pages; 8 warps a block for split launches of
+// NVFP4 pages, 4 for unsplit ones and staged FP16 pages (one 8-warp block an SM). Host choices
+// over the device's occupancy.
 TEST(DecodeAttentionTest, SplitsFillOneWaveWithoutLongMerges) {
   KVTIER_REQUIRE_GPU();
   for (const char* format : {"fp16", "nvfp4/block_head"}) {
@@ -907,10 +909,12 @@ TEST(DecodeAttentionTest, SplitsFillOneWaveWithoutLongMerges) {
         EXPECT_GE(static_cast<int64_t>(split.num_splits) * split.pages_per_split, pages) << where;
         EXPECT_LT(static_cast<int64_t>(split.num_splits - 1) * split.pages_per_split, pages)
             << where;
-        if (split.num_splits > 1) {  // a split launch fits one wave: 2 blocks of 8 warps an SM
-          EXPECT_LE(split.num_splits * batch * 8, 2 * 132) << where;
+        if (split.num_splits > 1) {  // a split launch fits one wave of 16 warps an SM
+          EXPECT_LE(split.num_splits * batch * 8 * split.warps_per_block, 16 * 132) << where;
           EXPECT_GE(split.pages_per_split, 8) << where;
         }
+        const bool eight = split.num_splits > 1 && std::string(format) != "fp16";
+        EXPECT_EQ(split.warps_per_block, eight ? 8 : 4) << where;
         EXPECT_LE(split.num_splits, std::max(32, (pages + 63) / 64)) << where;
       }
     }
@@ -925,9 +929,29 @@ TEST(DecodeAttentionTest, SplitsFillOneWaveWithoutLongMerges) {
   EXPECT_EQ(split.num_splits, 32);
   EXPECT_EQ(split.pages_per_split, 32);
   ASSERT_EQ(gpu::ChooseDecodeSplit(p, 3072, 132, &split), cudaSuccess);  // batch 1 x 48K
-  EXPECT_EQ(split.num_splits, 33);  // one wave of 2 x 132 blocks over 8 KV heads
+  EXPECT_EQ(split.num_splits, 33);  // one wave of 2 x 132 blocks of 8 warps over 8 KV heads
   ASSERT_EQ(gpu::ChooseDecodeSplit(p, 64, 132, &split), cudaSuccess);  // batch 1 x 1K
   EXPECT_EQ(split.num_splits, 8);
+  p = PaletteParams({"fp16"});
+  p.batch = 1, p.num_q_heads = 32, p.num_kv_heads = 8;
+  ASSERT_EQ(gpu::ChooseDecodeSplit(p, 3072, 132, &split), cudaSuccess);  // 2 blocks an SM
+  EXPECT_EQ(split.num_splits, 33);
+  EXPECT_EQ(split.warps_per_block, 4);
+}
+
+// A launch with other than 4 or 8 warps a block is refused before anything runs.
+TEST(DecodeAttentionTest, LaunchRefusesOtherWarpCounts) {
+  KVTIER_REQUIRE_GPU();
+  gpu::PagedDecodeParams p = PaletteParams({"nvfp4/block_head"});
+  p.batch = 0, p.num_q_heads = 32, p.num_kv_heads = 8, p.pages_per_split = 1;
+  for (int warps : {0, 2, 6, 16}) {
+    p.warps_per_block = warps;
+    EXPECT_EQ(gpu::LaunchPagedDecode(p, nullptr), cudaErrorInvalidValue) << warps;
+  }
+  for (int warps : {4, 8}) {  // an empty batch launches nothing
+    p.warps_per_block = warps;
+    EXPECT_EQ(gpu::LaunchPagedDecode(p, nullptr), cudaSuccess) << warps;
+  }
 }
 
 // A page_weight span of other than one float per packed entry: InvalidArgument on both
