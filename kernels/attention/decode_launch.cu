@@ -264,15 +264,18 @@ cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int
     *split = {static_cast<int32_t>((std::max(max_pages, 1) + per - 1) / per), per, warps};
     return cudaSuccess;
   };
-  // Eight warps a block for a split launch whose 8-warp blocks still fill 16 warps an SM: each
-  // warp's chain of pages halves at the same split count, which is what a short batch waits
-  // for (batch 1 x 8K NVFP4 11% faster on an H100); four otherwise: an unsplit launch of 8-warp
-  // blocks runs in twice the waves (batch 64 x 1K NVFP4 17% slower), and staged FP16 pages fit
-  // one 8-warp block an SM, which halves the split (docs/benchmarks.md, session 34).
+  // Eight warps a block where 8-warp blocks still fill 16 warps an SM, for a split launch or
+  // sequences of at least kEightWarpPages pages: each warp's chain of pages halves at the same
+  // split count, which is what a short batch waits for (batch 1 x 8K NVFP4 11% faster on an
+  // H100), and long unsplit NVFP4 sequences ran 3% faster; four otherwise: an unsplit launch of
+  // short sequences in 8-warp blocks runs in twice the waves, each paying the block's fixed cost
+  // (batch 64 x 1K NVFP4 16% slower), and staged FP16 pages fit one 8-warp block an SM, which
+  // halves the split (docs/benchmarks.md, session 34).
+  constexpr int32_t kEightWarpPages = 512;
   int per_sm = 0;
   const cudaError_t eight = split_for(8, &per_sm);
   if (eight != cudaSuccess) return eight;
-  if (split->num_splits > 1 && per_sm >= 2) return cudaSuccess;
+  if (per_sm >= 2 && (split->num_splits > 1 || max_pages >= kEightWarpPages)) return cudaSuccess;
   return split_for(4, &per_sm);
 }
 

@@ -892,9 +892,9 @@ TEST(DecodeAttentionTest, UniformValueScalesOnlyWithoutPerTokenVScales) {
 
 // The split of a batch's pages (ChooseDecodeSplit): one wave of blocks on the multiprocessors
 // given, every page in a split, at least 8 pages per split, and over 32 splits (the parts the
-// merge loads in one round) only one per 64 pages; 8 warps a block for split launches of
-// NVFP4 pages, 4 for unsplit ones and staged FP16 pages (one 8-warp block an SM). Host choices
-// over the device's occupancy.
+// merge loads in one round) only one per 64 pages; 8 warps a block for NVFP4 pages split or of
+// at least 512 pages, 4 for shorter unsplit ones and staged FP16 pages (one 8-warp block an
+// SM). Host choices over the device's occupancy.
 TEST(DecodeAttentionTest, SplitsFillOneWaveWithoutLongMerges) {
   KVTIER_REQUIRE_GPU();
   for (const char* format : {"fp16", "nvfp4/block_head"}) {
@@ -913,7 +913,8 @@ TEST(DecodeAttentionTest, SplitsFillOneWaveWithoutLongMerges) {
           EXPECT_LE(split.num_splits * batch * 8 * split.warps_per_block, 16 * 132) << where;
           EXPECT_GE(split.pages_per_split, 8) << where;
         }
-        const bool eight = split.num_splits > 1 && std::string(format) != "fp16";
+        const bool eight =
+            (split.num_splits > 1 || pages >= 512) && std::string(format) != "fp16";
         EXPECT_EQ(split.warps_per_block, eight ? 8 : 4) << where;
         EXPECT_LE(split.num_splits, std::max(32, (pages + 63) / 64)) << where;
       }
