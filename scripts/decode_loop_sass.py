@@ -13,8 +13,9 @@ the NVFP4 page's path. It is an estimate, for comparing variants: session 15's g
 executed 527 distinct instructions once a page in its profile (538 with page weights), where
 `--nvfp4-only` estimates 541 (549) for it (docs/results/untimed-s18/README.md); main's
 all-NVFP4 kernel since session 19 estimates 487 (499).
-  scripts/decode_loop_sass.py '1, 5, PageLse::kNone, true, kNvfp4Kinds' [--opcodes]
-  scripts/decode_loop_sass.py '1, 5, PageLse::kNone, true, kAnyKinds' --nvfp4-only
+  scripts/decode_loop_sass.py '8, 1, 5, PageLse::kNone, true, kNvfp4Kinds' [--opcodes]
+  scripts/decode_loop_sass.py '4, 1, 5, PageLse::kNone, true, kAnyKinds' --nvfp4-only
+(ARGS: kWarps, kTiles, kStages, kPageLse, kUniformV, kKinds)
 Run from the repository root, on the working tree as it is (apply a variant's patch first);
 it writes nothing there. Needs nvcc and cuobjdump on PATH; where the toolkit lacks cuobjdump,
 the NVIDIA wheel has it: `pip download --no-deps nvidia-cuda-cuobjdump`, then unzip its
@@ -116,7 +117,7 @@ def main():
             sys.exit('cuobjdump is not on PATH (this script\'s docstring says where to get it)')
         sass = subprocess.run(['cuobjdump', '-sass', cubin], capture_output=True,
                               text=True, check=True).stdout
-    body = page_loop(parse(sass), int(args[0].split(',')[0]))
+    body = page_loop(parse(sass), int(args[0].split(',')[1]))  # ARGS' second: kTiles
     if body is None:
         sys.exit("no loop with one page's HMMA: a generic kernel holds every kind (--nvfp4-only)")
     rare = rare_regions(body)
