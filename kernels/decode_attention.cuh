@@ -111,9 +111,9 @@ struct PagedDecodeParams {
 // launch's blocks, and the warps of those blocks (their residency depends on the palette's
 // staged page size, stage_fp16 and the GQA group, not on page_weight: the split, and so every
 // output bit, is the same with page weights or without): 8 warps where 8-warp blocks fill 16
-// warps an SM (two blocks) and the launch is split or max_pages is at least 512, else 4. REQUIRES: p's pools, formats,
-// batch, heads and stage_fp16 are set. Returns cudaErrorInvalidValue for shapes or layouts the
-// kernel does not read.
+// warps an SM (two blocks) and the launch is split or max_pages is at least 512, else 4.
+// REQUIRES: p's pools, formats, batch, heads and stage_fp16 are set. Returns
+// cudaErrorInvalidValue for shapes or layouts the kernel does not read.
 struct DecodeSplit {
   int32_t num_splits;
   int32_t pages_per_split;

@@ -3,11 +3,12 @@
 //
 // Work split: a block of 4 or 8 warps (kWarps, chosen per launch by ChooseDecodeSplit) attends
 // one (sequence, KV head, split); its warps take the split's pages in turn, each keeping its own
-// online-softmax state for the GQA group, and the block merges their states at the end. Each warp streams its pages into shared memory
-// through its own cp.async ring (3 or 5 deep; page-table entries are read 32 at a time, a
-// batch ahead) and handles one 16-token page per step with m16n8k16 tensor-core products (FP16
-// in, FP32 accumulate). The query heads are the mma's N dimension, so that a GQA group of 8
-// fills it (smaller groups leave columns, never rows, unused) and a page costs 16 mma:
+// online-softmax state for the GQA group, and the block merges their states at the end. Each
+// warp streams its pages into shared memory through its own cp.async ring (3 or 5 deep;
+// page-table entries are read 32 at a time, a batch ahead) and handles one 16-token page per
+// step with m16n8k16 tensor-core products (FP16 in, FP32 accumulate). The query heads are the
+// mma's N dimension, so that a GQA group of 8 fills it (smaller groups leave columns, never
+// rows, unused) and a page costs 16 mma:
 //   S^T = K Q^T:  A = K [16 tokens x 16 dims], B = Q^T [16 dims x 8 heads]  (8 k-steps)
 //   O^T += V^T P^T:  A = V^T [16 dims x 16 tokens], B = P^T [16 tokens x 8 heads]  (8 tiles)
 // P^T comes from S^T's accumulators by one movmatrix transpose per 8 tokens. The fragments'
@@ -96,7 +97,8 @@ __device__ __forceinline__ PageRing<kWarps> RingOf(const PagedDecodeParams& p, u
 // The warp's page i, landed in `slot`: its plan and where the stages read it. Clears the V of
 // tokens past the sequence's end in a staged last page. kKinds and kOneFormat as StagePage.
 template <uint32_t kKinds, bool kOneFormat, int kWarps>
-__device__ __forceinline__ StagedPage OpenPage(const PagedDecodeParams& p, const PageRing<kWarps>& r,
+__device__ __forceinline__ StagedPage OpenPage(const PagedDecodeParams& p,
+                                               const PageRing<kWarps>& r,
                                                const DecodeBlock& k, int i, int slot) {
   StagedPage pg;
   const uint32_t entry = r.ring_entry[slot];

@@ -140,8 +140,8 @@ constexpr size_t kSharedReservedPerBlock = 1024;
 
 // The most dynamic shared memory a launch asks for (FP16 K and V, the largest staged page, in
 // the shallow ring), the kernels' opt-in limit.
-constexpr size_t kMostSmem =
-    attention::RingBytes(kMostWarps, kShallowStages, 2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4);
+constexpr size_t kMostSmem = attention::RingBytes(
+    kMostWarps, kShallowStages, 2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4);
 
 // The kernel of `warps` warps a block for k's GQA group (keeping page weights or not) and its
 // dynamic shared memory: the staging rings (and the Q^T fragments of a palette's kernel of its
