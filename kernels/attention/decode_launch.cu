@@ -248,17 +248,17 @@ cudaError_t ChooseDecodeSplit(const PagedDecodeParams& p, int32_t max_pages, int
   // (rounded up), whichever is more: at batch 1 from 8K to 48K tokens a merge round more costs
   // more than the shorter splits save (NVFP4, FP8 and the balanced mix 5-10% faster,
   // docs/benchmarks.md, session 16).
+  const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(p.batch) * p.num_kv_heads);
+  const int64_t most =
+      std::max<int64_t>({1, std::min<int64_t>(attention::kMergeLoadsAtOnce, (max_pages + 7) / 8),
+                         (max_pages + 63) / 64});
+  // The split with blocks of `warps` warps, and that kernel's resident blocks an SM.
   const auto split_for = [&](int warps, int* per_sm) {
     const KernelLaunch launch = KernelFor(k, warps);
-    *per_sm = 0;
     const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         per_sm, launch.kernel, launch.threads, launch.smem);
     if (e != cudaSuccess) return e;
-    const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(p.batch) * p.num_kv_heads);
     const int64_t want = std::max<int64_t>(1, *per_sm) * num_sms / blocks;
-    const int64_t most = std::max<int64_t>(
-        {1, std::min<int64_t>(attention::kMergeLoadsAtOnce, (max_pages + 7) / 8),
-         (max_pages + 63) / 64});
     const int32_t splits = static_cast<int32_t>(std::max<int64_t>(1, std::min(want, most)));
     const int32_t per = std::max<int32_t>(1, (max_pages + splits - 1) / splits);
     *split = {static_cast<int32_t>((std::max(max_pages, 1) + per - 1) / per), per, warps};

@@ -16,8 +16,8 @@
 
 namespace kvtier::gpu::attention {
 
-// Warps per block (each takes the split's pages in turn): 4, or 8 where a split launch's warps
-// would otherwise attend long chains of pages (ChooseDecodeSplit). kMostWarps: the larger.
+// Warps per block (each takes the split's pages in turn): 4 or 8, chosen per launch by
+// ChooseDecodeSplit (decode_launch.cu). kMostWarps: the larger.
 constexpr int kMostWarps = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
