@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 35 on an H100 (no H200 came), in the device time left: bundle of b4ac64a. The split
-# test; every decode row in turns, 3 rounds: main (b4ac64a), FP16 pages read directly
+# Session 35 on an H100 (no H200 came), in the device time left: the bundle of
+# scripts/gpu_bundle.sh. The split test; every decode row in turns, 3 rounds: main (a_head_*), FP16 pages read directly
 # (fp16_direct.diff), two waves for sequences of 4096 pages or more (two_waves_long.diff); Nsight
 # Compute of the b1 x 8K step (FP16) and b1 x 128K NVFP4; the GPU tests; memcheck.
 set -u
@@ -9,7 +9,7 @@ export LD_LIBRARY_PATH=$PWD/bundle/lib
 o=$OUT/r && mkdir -p $o
 echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader)"; cat bundle/BUILD_INFO
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit --format=csv >$o/gpu.txt
-bench=/tmp/bench && gzip -dc variants/s35ab/a_head_b4ac64a.gz >$bench && chmod +x $bench
+bench=/tmp/bench && gzip -dc "$(ls variants/s35ab/a_head_*.gz | head -1)" >$bench && chmod +x $bench
 t0=$SECONDS
 timeout 60 bundle/kvtier_gpu_tests --gtest_brief=1 --gtest_filter='*SplitsFillOneWave*' >$o/split_test.log 2>&1
 echo "split test rc=$? in $((SECONDS-t0)) s"; tail -2 $o/split_test.log
