@@ -11,9 +11,9 @@
 #      write_kv_lifetime_cuda.py (write_kv holds its tensors until their copy is done),
 #      tests/gpu/python/bindings_cuda.py (calibration and merge_states on CUDA),
 #      kvtier_gpu_bench if the bundle has it (kvtier's kernel alone), then
-#      tests/bench/decode_bench.py (decode side by side), each under `timeout`, logs and JSON
-#      under $OUT (default ./gpu-out), then the peers' table (tests/bench/peers_table.py), and
-#      prints a summary last.
+#      tests/bench/decode_bench.py (decode side by side), each under `timeout`, JSON under $OUT
+#      (default ./gpu-out), then the peers' table (tests/bench/peers_table.py); prints a summary
+#      last (python_summary.txt) and packs the logs into logs-python.tar.gz.
 # With the device tool:
 #   run(command="bash scripts/gpu_python.sh", kind="nvidia-h200",
 #       carry=["bundle/lib", "bundle/include", "bundle/kvtier_gpu_bench", "bundle/BUILD_INFO", ".whl"])
@@ -194,4 +194,7 @@ grep -E "^FAIL |write_kv_lifetime_cuda: " "$out/write_kv_lifetime.log" 2>/dev/nu
 grep -E "^FAIL |bindings_cuda: " "$out/bindings.log" 2>/dev/null | tee -a "$summary"
 grep -E "method\(s\) failed|^wrote " "$out/decode_bench.log" 2>/dev/null | tee -a "$summary"
 say "overall: $([ $status = 0 ] && echo PASS || echo FAIL)"
+# The logs in one archive: the device tool brings back at most 8 files a call.
+(cd "$out" && logs=$(ls ./*.log 2>/dev/null)
+  [ -n "$logs" ] && tar -czf logs-python.tar.gz $logs && rm -f $logs)
 exit $status
