@@ -4,8 +4,9 @@
 // 256, contexts 1 to 128K tokens (split-KV), ragged lengths and empty sequences. Tolerances are
 // the ones docs/attention.md states. Also: NaN and infinite queries (NaN where the reference is
 // NaN), the page weights (DecodeOutputs::page_weight) and the logits (DecodeOutputs::logits)
-// against the reference's, the LSE merge kernel against MergeStates, and the kernel's refusals. Every comparison also attends the step
-// prepared once (PreparedDecode) and requires the same bits.
+// against the reference's, the LSE merge kernel against MergeStates and over many parts, and the
+// kernel's refusals. Every comparison also attends the step prepared once (PreparedDecode) and
+// requires the same bits.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -1235,6 +1236,84 @@ TEST(DecodeAttentionTest, MergeKernelMatchesMergeStates) {
     }
     for (int d = 0; d < dim; ++d) {
       ASSERT_NEAR(got[r * dim + d], want[r * dim + d], 1e-5 * (1 + std::fabs(want[r * dim + d])));
+    }
+  }
+}
+
+// The split merge's kernel over as many parts as the decode's split rule allows (128 at 128K
+// tokens) and more, head_dims below, at and over a block's threads, against the merge
+// worked out in double: empty parts (LSE -inf) among live ones, a row of empty parts, a NaN part
+// and a +inf part (the whole row NaN); a part's values where its LSE is -inf are NaN, which must
+// not reach the output.
+TEST(DecodeAttentionTest, MergeKernelOfManyParts) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  const int64_t rows = 37;
+  for (int parts : {1, 5, 32, 33, 70, 130}) {
+    for (int dim : {96, 128, 200}) {
+      std::vector<float> v(static_cast<size_t>(parts) * rows * dim), s(parts * rows);
+      for (float& x : v) x = normal(rng);
+      for (int k = 0; k < parts; ++k) {
+        for (int64_t r = 0; r < rows; ++r) {
+          float& lse = s[k * rows + r];
+          lse = r == 3 || (k + r) % 4 == 1 ? -INFINITY : normal(rng);
+          if (r == 5 && k == parts / 2) lse = NAN;
+          if (r == 6 && k == parts - 1) lse = INFINITY;
+          if (lse == -INFINITY) {
+            for (int d = 0; d < dim; ++d) v[(k * rows + r) * dim + d] = NAN;
+          }
+        }
+      }
+      DeviceBuffer dv, ds, dout(rows * dim * 4), dlse(rows * 4);
+      dv.Upload(v), ds.Upload(s);
+      gpu::MergeStatesParams p;
+      p.v = static_cast<const float*>(dv.data());
+      p.s = static_cast<const float*>(ds.data());
+      p.v_part_stride = rows * dim;
+      p.s_part_stride = rows;
+      p.parts = parts;
+      p.rows = rows;
+      p.head_dim = dim;
+      p.out = static_cast<float*>(dout.data());
+      p.lse = static_cast<float*>(dlse.data());
+      ASSERT_EQ(gpu::LaunchMergeStates(p, nullptr), cudaSuccess);
+      std::vector<float> got(rows * dim), got_lse(rows);
+      ASSERT_EQ(cudaMemcpy(got.data(), dout.data(), got.size() * 4, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(got_lse.data(), dlse.data(), rows * 4, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      const std::string at = absl::StrCat(parts, " parts, head_dim ", dim, ", row ");
+      for (int64_t r = 0; r < rows; ++r) {
+        double m = -INFINITY;
+        bool nan = false;
+        for (int k = 0; k < parts; ++k) {
+          nan |= std::isnan(s[k * rows + r]);
+          m = std::max(m, static_cast<double>(s[k * rows + r]));
+        }
+        if (nan || m == INFINITY) {
+          ASSERT_TRUE(std::isnan(got_lse[r])) << at << r;
+          for (int d = 0; d < dim; ++d) ASSERT_TRUE(std::isnan(got[r * dim + d])) << at << r;
+          continue;
+        }
+        if (m == -INFINITY) {
+          ASSERT_EQ(got_lse[r], -INFINITY) << at << r;
+          for (int d = 0; d < dim; ++d) ASSERT_EQ(got[r * dim + d], 0.f) << at << r;
+          continue;
+        }
+        double total = 0;
+        for (int k = 0; k < parts; ++k) total += std::exp(s[k * rows + r] - m);
+        ASSERT_NEAR(got_lse[r], m + std::log(total), 1e-5 * (1 + std::fabs(m))) << at << r;
+        for (int d = 0; d < dim; ++d) {
+          double acc = 0;
+          for (int k = 0; k < parts; ++k) {
+            const double w = std::exp(s[k * rows + r] - m);
+            if (w > 0) acc += w * v[(k * rows + r) * dim + d];
+          }
+          ASSERT_NEAR(got[r * dim + d], acc / total, 1e-4 * (1 + std::fabs(acc / total)))
+              << at << r << ", dim " << d;
+        }
+      }
     }
   }
 }
