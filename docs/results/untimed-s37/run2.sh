@@ -20,7 +20,7 @@ KVTIER_GPU_TEST_SCALE=0.1 timeout 120 compute-sanitizer --tool memcheck --error-
   >"$OUT/memcheck.log" 2>&1
 echo "memcheck rc=$?"
 grep -E "ERROR SUMMARY|^\[  PASSED|^\[  FAILED" "$OUT/memcheck.log" | tail -4
-ROUNDS=${ROUNDS:-5} AB_NAME=ab_s37 AB_DEADLINE=${AB_DEADLINE:-300} timeout 380 \
+ROUNDS=${ROUNDS:-4} AB_NAME=ab_s37 AB_DEADLINE=${AB_DEADLINE:-240} timeout 330 \
   bash scripts/gpu_ab.sh variants/s37m \
   "fp16 1 8192" "nvfp4_block_head 1 8192" "fp8_e4m3_block_head 1 8192" "balanced_mix 1 8192" \
   "nvfp4_block_head 1 1024" "fp16 1 1024" "nvfp4_block_head 1 32768" \
