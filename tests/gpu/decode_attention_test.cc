@@ -1301,14 +1301,14 @@ TEST(DecodeAttentionTest, MergeKernelOfManyParts) {
           for (int d = 0; d < dim; ++d) ASSERT_EQ(got[r * dim + d], 0.f) << at << r;
           continue;
         }
+        std::vector<double> w(parts);
         double total = 0;
-        for (int k = 0; k < parts; ++k) total += std::exp(s[k * rows + r] - m);
+        for (int k = 0; k < parts; ++k) total += w[k] = std::exp(s[k * rows + r] - m);
         ASSERT_NEAR(got_lse[r], m + std::log(total), 1e-5 * (1 + std::fabs(m))) << at << r;
         for (int d = 0; d < dim; ++d) {
           double acc = 0;
           for (int k = 0; k < parts; ++k) {
-            const double w = std::exp(s[k * rows + r] - m);
-            if (w > 0) acc += w * v[(k * rows + r) * dim + d];
+            if (w[k] > 0) acc += w[k] * v[(k * rows + r) * dim + d];
           }
           ASSERT_NEAR(got[r * dim + d], acc / total, 1e-4 * (1 + std::fabs(acc / total)))
               << at << r << ", dim " << d;
