@@ -5,7 +5,7 @@
 # splits by cost in mixed palettes (split_balance.diff). variants/s38w holds main's bench
 # (a_head), warp_merge and split_balance; variants/s38t the GPU tests with both diffs. On an H200
 # first main's full decode bench, the figures; then on either card the decode tests
-# (scale 0.25), memcheck of the merge, split and mixed-palette tests, racecheck of the long split
+# (scale TEST_SCALE, Default: 0.25), memcheck of the merge, split and mixed-palette tests, racecheck of the long split
 # test, and the A/B, its shapes cut short so that the whole script ends within CALL_SECONDS
 # (Default: 570).
 set -u
@@ -26,7 +26,7 @@ case "$gpu" in
 esac
 t=/tmp/kvtier_gpu_tests
 gzip -dc variants/s38t/kvtier_gpu_tests.gz >$t && chmod +x $t
-KVTIER_GPU_TEST_SCALE=0.25 timeout ${TEST_TIMEOUT:-150} $t --gtest_filter='DecodeAttentionTest.*' \
+KVTIER_GPU_TEST_SCALE=${TEST_SCALE:-0.25} timeout ${TEST_TIMEOUT:-150} $t --gtest_filter='DecodeAttentionTest.*' \
   >"$OUT/tests.log" 2>&1
 echo "tests rc=$?"
 grep -E "^\[  PASSED|^\[  FAILED|^\[==========\]" "$OUT/tests.log" | tail -6
