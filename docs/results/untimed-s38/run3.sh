@@ -4,10 +4,10 @@
 # (docs/results/untimed-s37/warp_merge.diff; run 2 showed the prefetch beside it slower), and
 # splits by cost in mixed palettes (split_balance.diff). variants/s38w holds main's bench
 # (a_head), warp_merge and split_balance; variants/s38t the GPU tests with both diffs. On an H200
-# first main's full decode bench, the issue's figures; then on either card the decode tests
-# (scale TEST_SCALE, Default: 0.25), memcheck of the merge, split and mixed-palette tests, racecheck of the long split
-# test, and the A/B, its shapes cut short so that the whole script ends within CALL_SECONDS
-# (Default: 570).
+# first main's full decode bench, the issue's figures (FULL_BENCH=0 skips it); then on either card
+# the decode tests (scale TEST_SCALE, Default: 0.25), memcheck of the merge, split and
+# mixed-palette tests, racecheck of the long split test, and the A/B, its shapes cut short so
+# that the whole script ends within CALL_SECONDS (Default: 570).
 set -u
 cd "$(dirname "$0")/../../.."
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader)
@@ -15,8 +15,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=cs
 export LD_LIBRARY_PATH=$PWD/bundle/lib
 main_bench=$(ls variants/s38w/a_head_*.gz)
 echo "main's bench: $main_bench"
-case "$gpu" in
-  *H200*)
+case "${FULL_BENCH:-1} $gpu" in
+  1*H200*)
     gzip -dc "$main_bench" >/tmp/main_bench && chmod +x /tmp/main_bench
     timeout ${FULL_TIMEOUT:-200} /tmp/main_bench "$OUT/decode_full.json" --decode-only \
       >"$OUT/decode_full.log" 2>&1
