@@ -17,26 +17,20 @@ namespace kvtier::gpu::attention {
 // Threads of a merge block. MergeStatesKernel and the split merge with page weights
 // (page_weight.cu) both merge rows with this many, so that their outputs have the same bits.
 constexpr int kMergeThreads = 128;
-constexpr int kMergeChunk = 256;  // parts whose weights are in shared memory at a time
 
-// Max (kMax) or sum of x over the block's kThreads threads, in every thread.
-template <int kThreads, bool kMax>
-__device__ __forceinline__ float BlockReduce(float x, float* scratch) {
+// Max (kMax) or sum of x over the warp's 32 lanes, in every lane.
+template <bool kMax>
+__device__ __forceinline__ float WarpReduce(float x) {
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) {
     const float y = __shfl_xor_sync(0xFFFFFFFFu, x, d);
     x = kMax ? fmaxf(x, y) : x + y;
   }
-  __syncthreads();  // scratch may still be read from a previous reduction
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
-  __syncthreads();
-  x = scratch[0];
-#pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) x = kMax ? fmaxf(x, scratch[w]) : x + scratch[w];
   return x;
 }
 
-// Parts' partial outputs a thread loads together before it adds any (MergeRow).
+// Parts' partial outputs a thread loads together before it adds any (MergeRow): one per lane
+// of a warp, whose lanes hold their weights.
 constexpr int kMergeLoadsAtOnce = 32;
 
 // x[j] = v[j * stride] for j < n, else 0: a round of loads, all issued before any is used.
@@ -46,88 +40,62 @@ __device__ __forceinline__ void LoadRound(const float* v, int64_t stride, int n,
   for (int j = 0; j < kMergeLoadsAtOnce; ++j) x[j] = j < n ? v[j * stride] : 0.f;
 }
 
-// Merges row `row` of p with the block's kThreads threads. Thread j loads the LSEs of parts j,
-// j + kThreads, ... once (the first kMergeChunk in registers); their weights exp(s_k - max) go
-// to shared memory a chunk at a time, and thread d accumulates dims d, d + kThreads, ... over the
-// parts, kMergeLoadsAtOnce partial outputs loaded before the first is added (coalesced reads).
-// At batch 1 this merge follows the attention on the critical path: it is bound by its rounds
-// of loads (one of LSEs, one of outputs per kMergeLoadsAtOnce parts), not by bytes, so the
-// first round of outputs is loaded before the LSEs, and both round trips overlap.
+// Merges row `row` of p with the block's kThreads threads, without a barrier: each warp reduces
+// the row's LSEs itself (lane k loads parts k, k + 32, ...: the maximum and the sum of the
+// weights exp(s_k - max) by shuffles), and thread d accumulates dims d, d + kThreads, ... over
+// the parts a round of kMergeLoadsAtOnce at a time, part k's weight broadcast from the lane that
+// computed it. At batch 1 this merge follows the attention on the critical path, bound by its
+// dependent steps rather than its bytes: the first round of outputs is loaded before the LSEs,
+// so that with at most kMergeLoadsAtOnce parts (the decode's split rule) the merge makes one
+// round trip to memory, and no step waits for another warp (without the block-wide reductions'
+// barriers and shared memory, batch 1 ran 0.4-1.6% faster; docs/benchmarks.md, session 38).
 // REQUIRES: every thread of the block calls it.
 template <int kThreads>
 __device__ __forceinline__ void MergeRow(const MergeStatesParams& p, int64_t row) {
-  constexpr int kHeld = kMergeChunk / kThreads;  // LSEs of the first chunk a thread holds
-  static_assert(kHeld * kThreads == kMergeChunk, "the first chunk is whole rounds of threads");
-  __shared__ float weight[kMergeChunk];
-  __shared__ float scratch[kThreads / 32];
+  static_assert(kThreads % 32 == 0, "whole warps");
+  const int lane = threadIdx.x % 32;
   const float* s = p.s + row;
   float first[kMergeLoadsAtOnce];  // dim threadIdx.x of parts 0, 1, ...
-  if (static_cast<int>(threadIdx.x) < p.head_dim) {
-    LoadRound(p.v + row * p.head_dim + threadIdx.x, p.v_part_stride,
-              min(kMergeLoadsAtOnce, p.parts), first);
-  }
-  float held[kHeld];
-  float m = -INFINITY;
-  bool nan = false;
-#pragma unroll
-  for (int j = 0; j < kHeld; ++j) {
-    const int k = threadIdx.x + kThreads * j;
-    held[j] = k < p.parts ? s[k * p.s_part_stride] : -INFINITY;
-    nan |= isnan(held[j]);
-    m = fmaxf(m, held[j]);
-  }
-  for (int k = threadIdx.x + kMergeChunk; k < p.parts; k += kThreads) {
+  LoadRound(p.v + row * p.head_dim + threadIdx.x, p.v_part_stride,
+            static_cast<int>(threadIdx.x) < p.head_dim ? min(kMergeLoadsAtOnce, p.parts) : 0,
+            first);
+  const float own = lane < p.parts ? s[lane * p.s_part_stride] : -INFINITY;  // part `lane`
+  float m = own;
+  bool nan = isnan(own);
+  for (int k = lane + 32; k < p.parts; k += 32) {
     const float x = s[k * p.s_part_stride];
     nan |= isnan(x);
     m = fmaxf(m, x);
   }
-  m = BlockReduce<kThreads, true>(m, scratch);
-  nan = __syncthreads_or(nan) || m == INFINITY;  // e^(+inf - +inf) is NaN, as in MergeStates
+  m = WarpReduce<true>(m);
+  nan = __any_sync(0xFFFFFFFFu, nan) || m == INFINITY;  // e^(+inf - +inf) is NaN, as MergeStates
   const bool live = m != -INFINITY && !nan;
-  // The sum of the weights, in each thread's order of parts; the first chunk's weights stay in
-  // shared memory (BlockReduce's barrier publishes them).
-  float total = 0.f;
-#pragma unroll
-  for (int j = 0; j < kHeld; ++j) {
-    const float w = live ? expf(held[j] - m) : 0.f;  // 0 for parts past the last (-inf)
-    weight[threadIdx.x + kThreads * j] = w;
-    total += w;
-  }
-  for (int k = threadIdx.x + kMergeChunk; k < p.parts; k += kThreads) {
-    total += live ? expf(s[k * p.s_part_stride] - m) : 0.f;
-  }
-  total = BlockReduce<kThreads, false>(total, scratch);
+  // Part k's weight, in lane k % 32; 0 for parts past the last (LSE -inf).
+  const auto weight = [&](float lse) { return live ? expf(lse - m) : 0.f; };
+  const float own_weight = weight(own);
+  float total = own_weight;
+  for (int k = lane + 32; k < p.parts; k += 32) total += weight(s[k * p.s_part_stride]);
+  total = WarpReduce<false>(total);
   for (int d0 = 0; d0 < p.head_dim; d0 += kThreads) {
     const int d = d0 + threadIdx.x;
+    const float* v = p.v + row * p.head_dim + d;
     float acc = 0.f;
-    for (int base = 0; base < p.parts; base += kMergeChunk) {
-      const int n = min(kMergeChunk, p.parts - base);
-      // Past the first chunk (or for a second pass over dims with several chunks) the chunk's
-      // weights are computed again.
-      if (base > 0 || (d0 > 0 && p.parts > kMergeChunk)) {
-        __syncthreads();  // the previous chunk's weights have been used
-        for (int k = threadIdx.x; k < n; k += kThreads) {
-          weight[k] = live ? expf(s[(base + k) * p.s_part_stride] - m) : 0.f;
-        }
-        __syncthreads();
+    for (int base = 0; base < p.parts; base += kMergeLoadsAtOnce) {
+      const int n = min(kMergeLoadsAtOnce, p.parts - base);
+      float x[kMergeLoadsAtOnce];
+      float w_lane = own_weight;
+      if (d0 == 0 && base == 0) {
+#pragma unroll
+        for (int j = 0; j < kMergeLoadsAtOnce; ++j) x[j] = first[j];
+      } else {
+        LoadRound(v + base * p.v_part_stride, p.v_part_stride, d < p.head_dim ? n : 0, x);
+        if (base > 0) w_lane = lane < n ? weight(s[(base + lane) * p.s_part_stride]) : 0.f;
       }
-      if (d < p.head_dim) {
-        const float* v = p.v + base * p.v_part_stride + row * p.head_dim + d;
-        for (int k0 = 0; k0 < n; k0 += kMergeLoadsAtOnce) {
-          float x[kMergeLoadsAtOnce];
-          if (d0 == 0 && base == 0 && k0 == 0) {
 #pragma unroll
-            for (int j = 0; j < kMergeLoadsAtOnce; ++j) x[j] = first[j];
-          } else {
-            LoadRound(v + k0 * p.v_part_stride, p.v_part_stride, n - k0, x);
-          }
-#pragma unroll
-          for (int j = 0; j < kMergeLoadsAtOnce; ++j) {
-            // An empty part (weight 0) may hold anything: it must not reach the sum.
-            const float w = k0 + j < n ? weight[k0 + j] : 0.f;
-            if (w > 0.f) acc += w * x[j];
-          }
-        }
+      for (int j = 0; j < kMergeLoadsAtOnce; ++j) {
+        // An empty part (weight 0) may hold anything: it must not reach the sum.
+        const float w = __shfl_sync(0xFFFFFFFFu, w_lane, j);
+        if (w > 0.f) acc += w * x[j];
       }
     }
     if (d < p.head_dim) p.out[row * p.head_dim + d] = nan ? NAN : total > 0.f ? acc / total : 0.f;
