@@ -32,6 +32,7 @@ __device__ __forceinline__ float WarpReduce(float x) {
 // Parts' partial outputs a thread loads together before it adds any (MergeRow): one per lane
 // of a warp, whose lanes hold their weights.
 constexpr int kMergeLoadsAtOnce = 32;
+static_assert(kMergeLoadsAtOnce == 32, "MergeRow broadcasts load j's weight from lane j");
 
 // x[j] = v[j * stride] for j < n, else 0: a round of loads, all issued before any is used.
 __device__ __forceinline__ void LoadRound(const float* v, int64_t stride, int n,
