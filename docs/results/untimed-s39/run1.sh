@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Session 39, call 1 (carry bundle, built by scripts/gpu_bundle.sh from main): main's device code
+# (a0f1aab + session 37's barrier-free merge) on whatever card comes, each step's timeout cut so
+# that the whole script ends within CALL_SECONDS (Default: 570).
+# On an H200: the full decode bench first (issue 15's figures; no H200 has timed the 8-warp
+# kernels), then the decode tests (scale 0.1), then cuDNN SDPA beside kvtier at 32K from Python
+# (no FlashInfer: no wheels to carry), then memcheck and racecheck of the merge, split,
+# page-weight and mixed-palette tests. On an H100: the tests and sanitizers first, then the bench.
+set -u
+cd "$(dirname "$0")/../../.."
+export LD_LIBRARY_PATH=$PWD/bundle/lib
+budget=${CALL_SECONDS:-570}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+cat bundle/BUILD_INFO
+step() {  # name, timeout seconds, command...: skipped when under 20 s of the budget is left
+  local name=$1 limit=$2 left=$((budget - SECONDS - 10))
+  shift 2
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt 20 ]; then echo "$name: skipped ($left s left)"; return; fi
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo "$name: rc=$? in $((SECONDS - start)) s (limit $limit); $(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$name.log" | tr '\n' ' ')"
+}
+d=DecodeAttentionTest
+bench() {
+  step bench 210 bundle/kvtier_gpu_bench "$OUT/bench.json" --decode-only
+  grep -E "read_4GiB|nvfp4_block_head_b(8|64|256)_ctx32k_splits[0-9]+( |_back)|_b1_ctx128k_splits[0-9]+_back_to_back|_b1_ctx8k_splits[0-9]+_graph" \
+    "$OUT/bench.log"
+}
+tests() {
+  step tests 120 env KVTIER_GPU_TEST_SCALE=0.1 bundle/kvtier_gpu_tests --gtest_filter="$d.*"
+}
+sanitizers() {
+  step memcheck 90 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
+    --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests \
+    --gtest_filter="$d.MergeKernel*:$d.PageWeights*:$d.MostlyFp16*:$d.LongContextSplitKv:$d.Fp16Tails*"
+  step racecheck 60 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
+    --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests \
+    --gtest_filter="$d.LongContextSplitKv:$d.MergeKernel*"
+}
+peers() {
+  OUT=/tmp/py step module 60 bash scripts/gpu_python.sh --module-only
+  tail -3 /tmp/py/module.log 2>/dev/null
+  local kernel=()
+  [ -s "$OUT/bench.json" ] && kernel=(--kernel-json "$OUT/bench.json")
+  PYTHONPATH=/tmp/kvpy step peers 120 python3 tests/bench/decode_bench.py \
+    --out "$OUT/decode_bench_py.json" "${kernel[@]}" --batches 8,64,256 --contexts 32768 \
+    --skip fi_fp16,fi_fp16_tc,fi_fp8,fi_fp8_tc,fi_nvfp4_tc
+  [ -s "$OUT/decode_bench_py.json" ] && [ -s "$OUT/bench.json" ] &&
+    python3 tests/bench/peers_table.py "$OUT/decode_bench_py.json" "$OUT/bench.json" \
+      >"$OUT/peers_table.md" 2>&1 && cat "$OUT/peers_table.md"
+}
+mkdir -p /tmp/py
+case "$gpu" in
+  *H200*) bench; tests; peers; sanitizers ;;
+  *) tests; sanitizers; bench ;;
+esac
+logs=$(cd "$OUT" && ls ./*.log 2>/dev/null)
+[ -n "$logs" ] && (cd "$OUT" && tar czf logs.tgz $logs && rm -f $logs)
+ls "$OUT"
