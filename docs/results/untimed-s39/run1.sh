@@ -5,7 +5,8 @@
 # On an H200: the full decode bench first (issue 15's figures; no H200 has timed the 8-warp
 # kernels), then the decode tests (scale 0.1), then cuDNN SDPA beside kvtier at 32K from Python
 # (no FlashInfer: no wheels to carry), then memcheck and racecheck of the merge, split,
-# page-weight and mixed-palette tests. On an H100: the tests and sanitizers first, then the bench.
+# page-weight and mixed-palette tests. On an H100: the tests and sanitizers first, then the bench
+# (with OTHER_CARD=peers: the bench and the peers, as after run 1, which ran the tests there).
 set -u
 cd "$(dirname "$0")/../../.."
 export LD_LIBRARY_PATH=$PWD/bundle/lib
@@ -54,7 +55,7 @@ peers() {
 mkdir -p /tmp/py
 case "$gpu" in
   *H200*) bench; tests; peers; sanitizers ;;
-  *) tests; sanitizers; bench ;;
+  *) if [ "${OTHER_CARD:-all}" = peers ]; then bench; peers; else tests; sanitizers; bench; fi ;;
 esac
 logs=$(cd "$OUT" && ls ./*.log 2>/dev/null)
 [ -n "$logs" ] && (cd "$OUT" && tar czf logs.tgz $logs && rm -f $logs)
