@@ -3,9 +3,13 @@
 # decode (e51dcc0, 8-warp blocks) at b8, b64 and b256 x 32K from memory and from L2
 # (--shared-pages 512: the kernel's instruction issue alone, which session 30 found the H200's
 # NVFP4 rows bound by, and an H100 reproduces), 3 rounds in turns; the medians estimate what an
-# H200 would time, which none has run with 8 warps.
+# H200 would time, which none has run with 8 warps. On an H200 it runs run1.sh instead (carry
+# the whole bundle then: run1.sh needs the tests).
 set -u
 cd "$(dirname "$0")/../../.."
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader)" in
+  *H200*) exec bash docs/results/untimed-s39/run1.sh ;;
+esac
 export LD_LIBRARY_PATH=$PWD/bundle/lib
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 cat bundle/BUILD_INFO
