@@ -15,15 +15,7 @@ budget=${CALL_SECONDS:-570}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 cat bundle/BUILD_INFO
-step() {  # name, timeout seconds, command...: skipped when under 20 s of the budget is left
-  local name=$1 limit=$2 left=$((budget - SECONDS - 10))
-  shift 2
-  [ "$limit" -gt "$left" ] && limit=$left
-  if [ "$limit" -lt 20 ]; then echo "$name: skipped ($left s left)"; return; fi
-  local start=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  echo "$name: rc=$? in $((SECONDS - start)) s (limit $limit); $(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$name.log" | tr '\n' ' ')"
-}
+source docs/results/untimed-s39/budget_step.sh
 d=DecodeAttentionTest
 bench() {
   step bench 210 bundle/kvtier_gpu_bench "$OUT/bench.json" --decode-only

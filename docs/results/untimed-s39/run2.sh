@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Session 39, call 2 (carry bundle/lib, bundle/kvtier_gpu_bench, bundle/BUILD_INFO, variants/s39,
-# variants/s39t): cluster_merge.diff on whatever card comes, within CALL_SECONDS (Default: 570).
+# Session 39, call 2 (carry bundle/lib, bundle/BUILD_INFO, variants/s39, variants/s39t): cluster_merge.diff on whatever card comes, within CALL_SECONDS (Default: 570).
 # variants/s39t holds the GPU tests built with cluster_merge.diff; variants/s39 the benches of
 # main (a_head), splits16 (its split rule alone) and cluster_merge. First the decode tests, the
 # prepared-append tests (a captured step replayed) and the backend's (scale 0.1), memcheck and
@@ -10,16 +9,7 @@ cd "$(dirname "$0")/../../.."
 export LD_LIBRARY_PATH=$PWD/bundle/lib
 budget=${CALL_SECONDS:-570}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
-step() {  # name, timeout seconds, command...: skipped when under 20 s of the budget is left
-  local name=$1 limit=$2 left=$((budget - SECONDS - 10))
-  shift 2
-  [ "$limit" -gt "$left" ] && limit=$left
-  if [ "$limit" -lt 20 ]; then echo "$name: skipped ($left s left)"; return; fi
-  local start=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  echo "$name: rc=$? in $((SECONDS - start)) s (limit $limit); $(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$name.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/$name.log" | head -10
-}
+source docs/results/untimed-s39/budget_step.sh
 t=/tmp/kvtier_gpu_tests
 gzip -dc variants/s39t/kvtier_gpu_tests.gz >$t && chmod +x $t
 d=DecodeAttentionTest
