@@ -17,9 +17,10 @@ all-NVFP4 kernel since session 19 estimates 487 (499).
   scripts/decode_loop_sass.py '4, 1, 5, PageLse::kNone, true, kAnyKinds' --nvfp4-only
 (ARGS: kWarps, kTiles, kStages, kPageLse, kUniformV, kKinds)
 Run from the repository root, on the working tree as it is (apply a variant's patch first);
-it writes nothing there. Needs nvcc and cuobjdump on PATH; where the toolkit lacks cuobjdump,
-the NVIDIA wheel has it: `pip download --no-deps nvidia-cuda-cuobjdump`, then unzip its
-nvidia/cu13/bin/cuobjdump (13.5 reads nvcc 13.0's sm_90 cubins).
+it writes nothing there. Needs nvcc, cuobjdump and nvdisasm (which cuobjdump runs) on PATH;
+where the toolkit lacks them, NVIDIA's wheels have them: `pip download --no-deps
+nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`, then unzip their nvidia/cu13/bin/ (13.5 reads nvcc
+13.0's sm_90 cubins).
 """
 import collections
 import os
