@@ -29,8 +29,8 @@ tests() {  # binary
 }
 ab() {  # the A/B of main's device code (diag) and the variant (interleave), in turns
   local shapes=()
-  for c in nvfp4_block_head nvfp4_in_tail_palette fp16_first_nvfp4 fp16_tail_nvfp4 \
-    balanced_mix mix_without_fp16_pages fp16_tail_fp8 fp8_e4m3_block_head; do
+  for c in nvfp4_block_head nvfp4_two_formats nvfp4_in_tail_palette fp16_first_nvfp4 \
+    fp16_tail_nvfp4 balanced_mix mix_without_fp16_pages fp16_tail_fp8 fp8_e4m3_block_head; do
     shapes+=("$c 1 8192")
   done
   shapes+=("fp16_tail_nvfp4 1 131072" "balanced_mix 1 131072" "nvfp4_block_head 1 131072"
