@@ -64,7 +64,7 @@ case "$gpu" in
     tests bundle/kvtier_gpu_tests
     ab 0 ;;
   *)
-    ab 330
+    ab 110
     profile
     t=/tmp/kvtier_gpu_tests
     gzip -dc variants/s40t/kvtier_gpu_tests.gz >$t && chmod +x $t
