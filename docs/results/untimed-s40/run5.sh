@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# vector_query.diff on a GPU (carry bundle/lib, bundle/kvtier_gpu_bench, bundle/BUILD_INFO,
+# variants/s41, variants/s41t), within CALL_SECONDS (Default: 570): the variant's decode tests
+# (scale 0.1; MisalignedQueriesAttendAsAligned among them), memcheck and racecheck of the tests
+# that load queries through each path (misaligned, rotated into shared memory, the palettes'
+# kernels), then main (bundle/kvtier_gpu_bench, a_main) and the variant in turns, 3 rounds.
+# Builds (from main with the diff applied): kvtier_gpu_bench into variants/s41/vector_query.gz
+# and kvtier_gpu_tests into variants/s41t/kvtier_gpu_tests.gz (README.md).
+set -u
+cd "$(dirname "$0")/../../.."
+export LD_LIBRARY_PATH=$PWD/bundle/lib
+budget=${CALL_SECONDS:-570}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+cat bundle/BUILD_INFO
+source docs/results/untimed-s39/budget_step.sh
+d=DecodeAttentionTest
+t=/tmp/kvtier_gpu_tests
+gzip -dc variants/s41t/kvtier_gpu_tests.gz >$t && chmod +x $t
+step tests 120 env KVTIER_GPU_TEST_SCALE=0.1 $t --gtest_filter="$d.*"
+step memcheck 70 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
+  --error-exitcode 1 --print-limit 20 $t \
+  --gtest_filter="$d.Misaligned*:$d.RotatedKeys:$d.EveryFormatMix*:$d.LongContextSplitKv"
+step racecheck 60 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
+  --error-exitcode 1 --print-limit 20 $t --gtest_filter="$d.Misaligned*:$d.RotatedKeys"
+left=$((budget - SECONDS))
+echo "A/B: ${left} s left"
+AB_MAIN=1 ROUNDS=${ROUNDS:-3} AB_NAME=ab_vq AB_DEADLINE=$((left - 40)) timeout $left \
+  bash scripts/gpu_ab.sh variants/s41 \
+  "nvfp4_block_head 1 8192" "fp16_tail_nvfp4 1 8192" "balanced_mix 1 8192" \
+  "fp8_e4m3_block_head 1 8192" "fp16_tail_fp8 1 8192" "fp16 1 8192" \
+  "nvfp4_block_head 1 1024" "balanced_mix 1 1024" "nvfp4_block_head 1 131072" \
+  "balanced_mix 1 131072" "nvfp4_block_head 8 32768" "nvfp4_block_head 64 32768" \
+  "balanced_mix 64 32768" "fp16_tail_nvfp4 64 32768" >"$OUT/ab_vq.txt" 2>&1
+echo "ab rc=$?"
+sed -n '/^row/,/^mean SM/p' "$OUT/ab_vq.txt" | grep -E "^row|_graph|_b(8|64)_ctx32k  "
+grep -E "skipped|failed" "$OUT/ab_vq.txt"
+logs=$(cd "$OUT" && ls ./*.log 2>/dev/null)
+[ -n "$logs" ] && (cd "$OUT" && tar czf logs.tgz $logs && rm -f $logs)
+ls "$OUT"
