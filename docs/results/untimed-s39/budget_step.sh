@@ -1,4 +1,5 @@
-# Sourced by this folder's run scripts: step NAME LIMIT COMMAND... runs COMMAND under `timeout`,
+# Sourced by the run scripts of untimed-s39 and untimed-s40: step NAME LIMIT COMMAND... runs
+# COMMAND under `timeout`,
 # its output in $OUT/NAME.log, the limit cut so that the script ends within `budget` seconds of
 # its start (bash's SECONDS), and prints the exit status, the gtest and sanitizer summaries and
 # the failed tests' names; skipped when under 20 s of the budget is left.
@@ -12,4 +13,30 @@ step() {
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   echo "$name: rc=$? in $((SECONDS - start)) s (limit $limit); $(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$name.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/$name.log" | head -10
+}
+
+# ab_step NAME DIR RESERVE FILTER SHAPE...: scripts/gpu_ab.sh over the builds in DIR at each
+# SHAPE within what the budget leaves but RESERVE seconds (shapes not started 40 s before that
+# are skipped), its output in $OUT/NAME.txt; prints the table's rows that match the extended
+# regex FILTER and the shapes skipped or failed. gpu_ab.sh's AB_MAIN, BUILDS and ROUNDS pass
+# through from the caller's environment.
+ab_step() {
+  local name=$1 dir=$2 reserve=$3 filter=$4
+  shift 4
+  local left=$((budget - SECONDS - reserve))
+  echo "A/B: ${left} s left"
+  AB_NAME=$name AB_DEADLINE=$((left - 40)) timeout "$left" bash scripts/gpu_ab.sh "$dir" "$@" \
+    >"$OUT/$name.txt" 2>&1
+  echo "ab rc=$?"
+  sed -n '/^row/,/^mean SM/p' "$OUT/$name.txt" | grep -E "^row|$filter"
+  grep -E "skipped|failed" "$OUT/$name.txt"
+}
+
+# pack_logs TGZ: the steps' logs under $OUT into one archive (the device tool returns at most
+# 8 files a call), then lists $OUT.
+pack_logs() {
+  local logs
+  logs=$(cd "$OUT" && ls ./*.log 2>/dev/null)
+  [ -n "$logs" ] && (cd "$OUT" && tar czf "$1" $logs && rm -f $logs)
+  ls "$OUT"
 }

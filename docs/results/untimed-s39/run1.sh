@@ -54,6 +54,4 @@ case "$gpu" in
        *) tests; sanitizers; bench ;;
      esac ;;
 esac
-logs=$(cd "$OUT" && ls ./*.log 2>/dev/null)
-[ -n "$logs" ] && (cd "$OUT" && tar czf logs.tgz $logs && rm -f $logs)
-ls "$OUT"
+pack_logs logs.tgz

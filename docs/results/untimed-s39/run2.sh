@@ -30,6 +30,4 @@ AB_MAIN=0 ROUNDS=${ROUNDS:-3} AB_NAME=ab_s39 AB_DEADLINE=$((left - 50)) timeout 
 echo "ab rc=$?"
 sed -n '/^row/,/^mean SM/p' "$OUT/ab_s39.txt"
 grep -E "skipped" "$OUT/ab_s39.txt"
-logs=$(cd "$OUT" && ls ./*.log 2>/dev/null)
-[ -n "$logs" ] && (cd "$OUT" && tar czf test_logs.tgz $logs && rm -f $logs)
-ls "$OUT"
+pack_logs test_logs.tgz

@@ -3,8 +3,9 @@
 # where the tree allows: the tool carries 64 MiB): on an H200,
 # docs/results/untimed-s39/run1.sh (main's bench, tests, cuDNN beside kvtier, sanitizers); on
 # another card, direct_prefetch.diff: its decode tests (scale 0.1) and memcheck of the
-# mixed-palette tests from variants/s40t, then main's bench (bundle/kvtier_gpu_bench, a_main) and the variant's in turns
-# at the shapes with directly read FP16 pages, within CALL_SECONDS (Default: 570).
+# mixed-palette tests from variants/s40t, then main's bench (bundle/kvtier_gpu_bench, a_main)
+# and the variant's in turns at the shapes with directly read FP16 pages, within CALL_SECONDS
+# (Default: 570).
 # OTHER_CARD=none: nothing on another card.
 set -u
 cd "$(dirname "$0")/../../.."
@@ -26,16 +27,8 @@ if [ -f variants/s40t/kvtier_gpu_tests.gz ]; then  # not carried with the whole 
     --error-exitcode 1 --print-limit 20 $t \
     --gtest_filter="$d.MostlyFp16*:$d.Fp16Tails*:$d.EveryFormatMix*:$d.PageWeightsSplitKv"
 fi
-left=$((budget - SECONDS))
-echo "A/B: ${left} s left"
-AB_MAIN=1 ROUNDS=${ROUNDS:-3} AB_NAME=ab_s40 AB_DEADLINE=$((left - 50)) timeout $left \
-  bash scripts/gpu_ab.sh variants/s40 \
+AB_MAIN=1 ab_step ab_s40 variants/s40 0 . \
   "fp16_tail_nvfp4 1 8192" "balanced_mix 1 8192" "fp16_tail_fp8 1 8192" \
   "nvfp4_block_head 1 8192" "fp16_tail_nvfp4 1 32768" "balanced_mix 1 131072" \
-  "balanced_mix 64 32768" "fp16_tail_nvfp4 8 32768" >"$OUT/ab_s40.txt" 2>&1
-echo "ab rc=$?"
-sed -n '/^row/,/^mean SM/p' "$OUT/ab_s40.txt"
-grep -E "skipped" "$OUT/ab_s40.txt"
-logs=$(cd "$OUT" && ls ./*.log 2>/dev/null)
-[ -n "$logs" ] && (cd "$OUT" && tar czf test_logs.tgz $logs && rm -f $logs)
-ls "$OUT"
+  "balanced_mix 64 32768" "fp16_tail_nvfp4 8 32768"
+pack_logs test_logs.tgz

@@ -11,6 +11,8 @@ case "$gpu" in
   *H200*) exec bash docs/results/untimed-s39/run1.sh ;;
 esac
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+budget=${CALL_SECONDS:-570}
+source docs/results/untimed-s39/budget_step.sh
 shapes=()
 for ctx in 8192 32768 131072; do
   for c in nvfp4_block_head nvfp4_in_tail_palette fp16_first_nvfp4 fp16_tail_nvfp4 \
@@ -19,8 +21,4 @@ for ctx in 8192 32768 131072; do
   done
 done
 shapes+=("nvfp4_in_tail_palette 8 32768" "fp16_tail_nvfp4 8 32768" "nvfp4_block_head 8 32768")
-BUILDS=diag ROUNDS=${ROUNDS:-3} AB_NAME=diag AB_DEADLINE=400 timeout 540 \
-  bash scripts/gpu_ab.sh variants/s40b "${shapes[@]}" >"$OUT/diag.txt" 2>&1
-echo "rc=$?"
-sed -n '/^row/,/^mean SM/p' "$OUT/diag.txt" | grep -E "^row|_graph|b8_ctx32k  |b8_ctx32k_back"
-grep -E "skipped|failed" "$OUT/diag.txt"
+BUILDS=diag ab_step diag variants/s40b 0 "_graph|b8_ctx32k  |b8_ctx32k_back" "${shapes[@]}"

@@ -35,13 +35,7 @@ ab() {  # the A/B of main's device code (diag) and the variant (interleave), in 
   done
   shapes+=("fp16_tail_nvfp4 1 131072" "balanced_mix 1 131072" "nvfp4_block_head 1 131072"
     "fp16_tail_nvfp4 8 32768" "balanced_mix 64 32768")
-  local left=$((budget - SECONDS - $1))
-  echo "A/B: ${left} s"
-  ROUNDS=${ROUNDS:-3} AB_NAME=ab_s40 AB_DEADLINE=$((left - 30)) timeout $left \
-    bash scripts/gpu_ab.sh variants/s40b "${shapes[@]}" >"$OUT/ab_s40.txt" 2>&1
-  echo "ab rc=$?"
-  sed -n '/^row/,/^mean SM/p' "$OUT/ab_s40.txt" | grep -E "^row|_graph|_b(8|64)_ctx32k  "
-  grep -E "skipped|failed" "$OUT/ab_s40.txt"
+  ab_step ab_s40 variants/s40b "$1" "_graph|_b(8|64)_ctx32k  " "${shapes[@]}"
 }
 # Where a batch-1 x 8K step's warps wait, generic kernel (FP16 + NVFP4 palette, every page
 # NVFP4) against the all-NVFP4 one: ncu's warp states of one launch each, caches as the bench
@@ -70,6 +64,4 @@ case "$gpu" in
     gzip -dc variants/s40t/kvtier_gpu_tests.gz >$t && chmod +x $t
     tests $t ;;
 esac
-logs=$(cd "$OUT" && ls ./*.log 2>/dev/null)
-[ -n "$logs" ] && (cd "$OUT" && tar czf logs.tgz $logs && rm -f $logs)
-ls "$OUT"
+pack_logs logs.tgz

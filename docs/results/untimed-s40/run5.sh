@@ -22,18 +22,10 @@ step memcheck 70 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck
   --gtest_filter="$d.Misaligned*:$d.RotatedKeys:$d.EveryFormatMix*:$d.LongContextSplitKv"
 step racecheck 60 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
   --error-exitcode 1 --print-limit 20 $t --gtest_filter="$d.Misaligned*:$d.RotatedKeys"
-left=$((budget - SECONDS))
-echo "A/B: ${left} s left"
-AB_MAIN=1 ROUNDS=${ROUNDS:-3} AB_NAME=ab_vq AB_DEADLINE=$((left - 40)) timeout $left \
-  bash scripts/gpu_ab.sh variants/s41 \
+AB_MAIN=1 ab_step ab_vq variants/s41 0 "_graph|_b(8|64)_ctx32k  " \
   "nvfp4_block_head 1 8192" "fp16_tail_nvfp4 1 8192" "balanced_mix 1 8192" \
   "fp8_e4m3_block_head 1 8192" "fp16_tail_fp8 1 8192" "fp16 1 8192" \
   "nvfp4_block_head 1 1024" "balanced_mix 1 1024" "nvfp4_block_head 1 131072" \
   "balanced_mix 1 131072" "nvfp4_block_head 8 32768" "nvfp4_block_head 64 32768" \
-  "balanced_mix 64 32768" "fp16_tail_nvfp4 64 32768" >"$OUT/ab_vq.txt" 2>&1
-echo "ab rc=$?"
-sed -n '/^row/,/^mean SM/p' "$OUT/ab_vq.txt" | grep -E "^row|_graph|_b(8|64)_ctx32k  "
-grep -E "skipped|failed" "$OUT/ab_vq.txt"
-logs=$(cd "$OUT" && ls ./*.log 2>/dev/null)
-[ -n "$logs" ] && (cd "$OUT" && tar czf logs.tgz $logs && rm -f $logs)
-ls "$OUT"
+  "balanced_mix 64 32768" "fp16_tail_nvfp4 64 32768"
+pack_logs logs.tgz
