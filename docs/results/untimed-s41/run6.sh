@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# vector_query.diff and spread_query.diff on a GPU, within CALL_SECONDS (Default: 570). Carry
+# spread_query.diff and staged_query.diff on a GPU, within CALL_SECONDS (Default: 570). Carry
 # variants/s40lib (bundle/lib without libkvtier.so, which the static binaries do not load),
-# bundle/kvtier_gpu_bench, bundle/BUILD_INFO, variants/s41 (the two benches), variants/s41t and
-# variants/s41u (their GPU tests): each variant's decode tests (scale 0.1), memcheck and
-# racecheck of the spread build's query paths, then main and both variants in turns, 3 rounds.
+# bundle/kvtier_gpu_bench, bundle/BUILD_INFO, variants/s41 (the two benches), variants/s41u and
+# variants/s41v (their GPU tests): each variant's decode tests (scale 0.1), memcheck and
+# racecheck of their query paths, then main and both variants in turns, 3 rounds.
 set -u
 cd "$(dirname "$0")/../../.."
 export LD_LIBRARY_PATH=$PWD/variants/s40lib
@@ -12,16 +12,18 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=cs
 cat bundle/BUILD_INFO
 source docs/results/untimed-s39/budget_step.sh
 d=DecodeAttentionTest
-for v in t u; do
+for v in u v; do
   gzip -dc variants/s41$v/kvtier_gpu_tests.gz >/tmp/tests_$v && chmod +x /tmp/tests_$v
 done
-step tests_vector 100 env KVTIER_GPU_TEST_SCALE=0.1 /tmp/tests_t --gtest_filter="$d.*"
 step tests_spread 100 env KVTIER_GPU_TEST_SCALE=0.1 /tmp/tests_u --gtest_filter="$d.*"
-step memcheck 70 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
-  --error-exitcode 1 --print-limit 20 /tmp/tests_u \
-  --gtest_filter="$d.Misaligned*:$d.RotatedKeys:$d.EveryFormatMix*:$d.LongContextSplitKv"
-step racecheck 60 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
-  --error-exitcode 1 --print-limit 20 /tmp/tests_u --gtest_filter="$d.Misaligned*:$d.RotatedKeys"
+step tests_staged 100 env KVTIER_GPU_TEST_SCALE=0.1 /tmp/tests_v --gtest_filter="$d.*"
+for v in u v; do
+  step memcheck_$v 70 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
+    --error-exitcode 1 --print-limit 20 /tmp/tests_$v \
+    --gtest_filter="$d.Misaligned*:$d.RotatedKeys:$d.EveryFormatMix*:$d.LongContextSplitKv"
+  step racecheck_$v 60 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
+    --error-exitcode 1 --print-limit 20 /tmp/tests_$v --gtest_filter="$d.Misaligned*:$d.RotatedKeys"
+done
 AB_MAIN=1 ab_step ab_s41 variants/s41 0 "_graph|_b(8|64)_ctx32k  " \
   "nvfp4_block_head 1 8192" "fp16_tail_nvfp4 1 8192" "balanced_mix 1 8192" \
   "fp8_e4m3_block_head 1 8192" "fp16_tail_fp8 1 8192" "fp16 1 8192" \
