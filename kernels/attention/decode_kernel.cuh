@@ -235,7 +235,7 @@ __global__ void __maxnreg__(kTiles == 1 ? 128 : 255)
   const DecodeBlock k = BlockOf(p);
   PageRing<kWarps> ring = RingOf<kWarps, kStages>(p, smem, k);
   WaitForPriorKernels();
-  // The first pages' copies start before warp 0 reads the queries, so that the two latencies
+  // The first pages' copies start before the warps read the queries, so that the two latencies
   // overlap (LoadQuery ends with a barrier); with rotated queries, whose rotation uses the
   // ring's memory, after it.
   const auto stage_first = [&] {

@@ -102,10 +102,11 @@ __host__ __device__ constexpr bool QueryInSharedMemory(uint32_t kinds) {
 
 // This lane's Q^T fragments (LoadQuery), those of k-steps 2m and 2m + 1 of tile t as At(t, m).
 // kShared: in shared memory (kTiles x kQueryBytesPerTile bytes at `base` - lane, lane l's at
-// [(4t + m) * 32 + l]), written by warp 0 and read at every page, one 16-byte load a quarter:
-// in registers they pushed the NVFP4 page loop to the kernel's 128-register limit, where ptxas
-// recomputed lane indices and addresses at each page (docs/benchmarks.md, session 19). Else in
-// registers, which the other formats' page loops run faster with.
+// [(4t + m) * 32 + l]), written by the block's warps in turn (LoadQuery) and read at every page,
+// one 16-byte load a quarter: in registers they pushed the NVFP4 page loop to the kernel's
+// 128-register limit, where ptxas recomputed lane indices and addresses at each page
+// (docs/benchmarks.md, session 19). Else in registers, which the other formats' page loops run
+// faster with.
 template <int kTiles, bool kShared>
 struct QueryFragments {
   uint4 f[kTiles][4];
@@ -121,9 +122,10 @@ struct QueryFragments<kTiles, true> {
 
 // Q^T fragments (the B operand of S^T = K Q^T) in the canonical K order: k-step j pairs with
 // K pairs 2j and 2j + 1, which hold dims 32c + 8m + q (+4), m = j / 2, q = 2 (j % 2) (+1), into
-// q (in shared memory: by warp 0, for every warp). With p.rotate_queries the group's rows are
-// rotated first, into `smem` (the block's shared memory before the fragments, the staging
-// ring's: REQUIRES no copy into it in flight). Every thread of the block calls it.
+// q (in shared memory: fragment (t, m) by warp (4t + m) mod the warps, for every warp). With
+// p.rotate_queries the group's rows are rotated first, into `smem` (the block's shared memory
+// before the fragments, the staging ring's: REQUIRES no copy into it in flight). Every thread of
+// the block calls it.
 template <int kTiles, bool kShared>
 __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const DecodeBlock& k,
                                           uint8_t* smem, QueryFragments<kTiles, kShared>& q) {
@@ -138,22 +140,33 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const Deco
     }
     q0 = rows;
   }
-  if (!kShared || k.warp == 0) {
+  // Rows lie 512 bytes apart, so the first row's alignment is every row's: 16-byte loads where
+  // it allows (a quarter of the load instructions; the scalar loads' queue and round trips held
+  // the first page back at batch 1, docs/benchmarks.md, session 41).
+  const bool vector = (reinterpret_cast<uintptr_t>(q0) & 15) == 0;
+  // Shared fragments: fragment (t, m) by warp (4t + m) mod the block's warps, so that their round
+  // trips overlap instead of following one another in warp 0.
+  const int warps = kShared ? static_cast<int>(blockDim.x / 32) : 1;
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const int row = k.g + 8 * t;
-      const float* qr = q0 + row * kD;
+  for (int t = 0; t < kTiles; ++t) {
+    const int row = k.g + 8 * t;
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        uint32_t f[4];  // k-steps 2m and 2m + 1: dims d, d + 4 and d + 1, d + 5 each
+    for (int m = 0; m < 4; ++m) {
+      if (kShared && (4 * t + m) % warps != k.warp) continue;
+      // k-steps 2m and 2m + 1: dims d, d + 4 and d + 1, d + 5 for d = d0 and d0 + 2.
+      const float* d0 = q0 + row * kD + 32 * k.c + 8 * m;
+      float x[8] = {};
+      if (row < k.group && vector) {
+        const float4 a = *reinterpret_cast<const float4*>(d0);
+        const float4 b = *reinterpret_cast<const float4*>(d0 + 4);
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+        x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+      } else if (row < k.group) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int d = 32 * k.c + 8 * m + 2 * h;
-          f[2 * h] = row < k.group ? PackHalf2(qr[d], qr[d + 4]) : 0u;
-          f[2 * h + 1] = row < k.group ? PackHalf2(qr[d + 1], qr[d + 5]) : 0u;
-        }
-        q.Set(t, m, make_uint4(f[0], f[1], f[2], f[3]));
+        for (int i = 0; i < 8; ++i) x[i] = d0[i];
       }
+      q.Set(t, m, make_uint4(PackHalf2(x[0], x[4]), PackHalf2(x[1], x[5]),
+                             PackHalf2(x[2], x[6]), PackHalf2(x[3], x[7])));
     }
   }
   // Every warp reads shared fragments; the staging ring reuses the rotated rows' memory.

@@ -90,9 +90,10 @@ struct Outputs {
 
 // The reference on the CPU cache and the kernel on the CUDA cache; returns "" when they agree.
 // With `specials`, some query heads hold a NaN, +inf or -inf: where the reference is NaN the
-// kernel must be NaN too (output and LSE).
+// kernel must be NaN too (output and LSE). With `misaligned`, the kernel's queries start 4 bytes
+// past a 16-byte boundary (the kernel's scalar loads instead of its 16-byte ones).
 std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int group,
-                    std::mt19937* rng, bool specials = false) {
+                    std::mt19937* rng, bool specials = false, bool misaligned = false) {
   const Geometry& g = pair.options().geometry;
   const int q_heads = g.num_kv_heads * group;
   const size_t rows = seqs.size() * q_heads;
@@ -115,11 +116,13 @@ std::string Compare(CachePair& pair, const std::vector<SequenceId>& seqs, int gr
   if (!s.ok()) return absl::StrCat("reference: ", s.ToString());
 
   DeviceBuffer dq, dout(rows * g.head_dim * 4), dlse(rows * 4);
-  dq.Upload(q);
+  std::vector<float> uploaded(misaligned ? 1 : 0, 0.f);  // a float before the queries
+  uploaded.insert(uploaded.end(), q.begin(), q.end());
+  dq.Upload(uploaded);
   auto* out = static_cast<float*>(dout.data());
   auto* lse = static_cast<float*>(dlse.data());
-  const DecodeQueries device_q{absl::MakeConstSpan(static_cast<const float*>(dq.data()), q.size()),
-                               q_heads, scale};
+  const float* first_query = static_cast<const float*>(dq.data()) + (misaligned ? 1 : 0);
+  const DecodeQueries device_q{absl::MakeConstSpan(first_query, q.size()), q_heads, scale};
   const DecodeOutputs device_out{absl::MakeSpan(out, rows * g.head_dim), absl::MakeSpan(lse, rows),
                                  {}, 0, {}};
   s = DecodeAttention(pair.gpu(), 0, gt, device_q, device_out, {nullptr, true});
@@ -224,6 +227,25 @@ TEST(DecodeAttentionTest, EveryFormatMixGroupAndRaggedLength) {
     const std::vector<SequenceId> seqs = Fill(*pair, lengths, &rng);
     for (int group : {1, 4, 7, 8, 9, 16}) {
       EXPECT_EQ(Compare(*pair, seqs, group, &rng), "") << "group " << group;
+    }
+  }
+}
+
+// Queries that start 4 bytes past a 16-byte boundary (a view into a larger buffer) attend as
+// aligned ones: the generic kernel and the palettes' own (whose warp 0 loads the group's
+// queries for every warp), one and two tiles of query heads.
+TEST(DecodeAttentionTest, MisalignedQueriesAttendAsAligned) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(29);
+  for (const std::vector<std::string>& palette :
+       std::vector<std::vector<std::string>>{{"nvfp4/tensor"}, {"fp8_e4m3/token_head"},
+                                             Fp16AndFp8Palette()}) {
+    SCOPED_TRACE(absl::StrJoin(palette, " "));
+    auto pair = CachePair::Create(MakeOptions(palette, 256)).value();
+    const std::vector<SequenceId> seqs = Fill(*pair, {1, 17, 300, 2049}, &rng);
+    for (int group : {1, 8, 12}) {
+      EXPECT_EQ(Compare(*pair, seqs, group, &rng, false, /*misaligned=*/true), "")
+          << "group " << group;
     }
   }
 }
