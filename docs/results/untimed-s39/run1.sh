@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Session 39, call 1 (carry bundle, built by scripts/gpu_bundle.sh from main): main's device code
-# (a0f1aab + session 37's barrier-free merge) on whatever card comes, each step's timeout cut so
-# that the whole script ends within CALL_SECONDS (Default: 570).
+# (in session 39 a0f1aab + session 37's barrier-free merge; session 41's query loads since) on
+# whatever card comes, each step's timeout cut so that the whole script ends within CALL_SECONDS
+# (Default: 570).
 # On an H200: the full decode bench first (issue 15's figures; no H200 has timed the 8-warp
-# kernels), then the decode tests (scale 0.1), then cuDNN SDPA beside kvtier at 32K from Python
-# (no FlashInfer: no wheels to carry), then memcheck and racecheck of the merge, split,
-# page-weight and mixed-palette tests. On an H100: the tests and sanitizers first, then the bench
-# (OTHER_CARD=peers: the bench and the peers, as after run 1, which ran the tests there;
-# OTHER_CARD=none: nothing).
+# kernels), then every GPU test (scale 0.1; the decode tests alone until session 41), then cuDNN
+# SDPA beside kvtier at 32K from Python (no FlashInfer: no wheels to carry), then memcheck and
+# racecheck of the merge, split, page-weight, mixed-palette and misaligned-query tests. On an
+# H100: the tests and sanitizers first, then the bench (OTHER_CARD=peers: the bench and the
+# peers, as after run 1, which ran the tests there; OTHER_CARD=none: nothing).
 set -u
 cd "$(dirname "$0")/../../.."
 export LD_LIBRARY_PATH=$PWD/bundle/lib
@@ -23,15 +24,15 @@ bench() {
     "$OUT/bench.log"
 }
 tests() {
-  step tests 120 env KVTIER_GPU_TEST_SCALE=0.1 bundle/kvtier_gpu_tests --gtest_filter="$d.*"
+  step tests 150 env KVTIER_GPU_TEST_SCALE=0.1 bundle/kvtier_gpu_tests
 }
 sanitizers() {
   step memcheck 90 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
     --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests \
-    --gtest_filter="$d.MergeKernel*:$d.PageWeights*:$d.MostlyFp16*:$d.LongContextSplitKv:$d.Fp16Tails*"
+    --gtest_filter="$d.MergeKernel*:$d.PageWeights*:$d.MostlyFp16*:$d.LongContextSplitKv:$d.Fp16Tails*:$d.Misaligned*"
   step racecheck 60 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
     --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests \
-    --gtest_filter="$d.LongContextSplitKv:$d.MergeKernel*"
+    --gtest_filter="$d.LongContextSplitKv:$d.MergeKernel*:$d.Misaligned*"
 }
 peers() {
   OUT=/tmp/py step module 60 bash scripts/gpu_python.sh --module-only
