@@ -232,8 +232,8 @@ TEST(DecodeAttentionTest, EveryFormatMixGroupAndRaggedLength) {
 }
 
 // Queries that start 4 bytes past a 16-byte boundary (a view into a larger buffer) attend as
-// aligned ones: the generic kernel and the palettes' own (whose warp 0 loads the group's
-// queries for every warp), one and two tiles of query heads.
+// aligned ones: the generic kernel and the palettes' own (whose warps share the loads of the
+// group's queries into shared memory), one and two tiles of query heads.
 TEST(DecodeAttentionTest, MisalignedQueriesAttendAsAligned) {
   KVTIER_REQUIRE_GPU();
   std::mt19937 rng(29);

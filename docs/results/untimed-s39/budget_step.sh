@@ -1,8 +1,24 @@
-# Sourced by the run scripts of untimed-s39 and untimed-s40: step NAME LIMIT COMMAND... runs
-# COMMAND under `timeout`,
-# its output in $OUT/NAME.log, the limit cut so that the script ends within `budget` seconds of
-# its start (bash's SECONDS), and prints the exit status, the gtest and sanitizer summaries and
-# the failed tests' names; skipped when under 20 s of the budget is left.
+# Sourced by the run scripts of untimed-s39, untimed-s40 and untimed-s41 (from the repository
+# root).
+#
+# begin_run LIBDIR: the libraries in LIBDIR (relative to the root) for the binaries, budget from
+# CALL_SECONDS (Default: 570), and the card and bundle/BUILD_INFO printed.
+begin_run() {
+  export LD_LIBRARY_PATH=$PWD/$1
+  budget=${CALL_SECONDS:-570}
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+  cat bundle/BUILD_INFO 2>/dev/null
+}
+
+# unpack GZ EXE: the gzipped binary GZ as the executable EXE.
+unpack() {
+  gzip -dc "$1" >"$2" && chmod +x "$2"
+}
+
+# step NAME LIMIT COMMAND... runs COMMAND under `timeout`, its output in $OUT/NAME.log, the limit
+# cut so that the script ends within `budget` seconds of its start (bash's SECONDS), and prints
+# the exit status, the gtest and sanitizer summaries and the failed tests' names; skipped when
+# under 20 s of the budget is left.
 # REQUIRES: budget and OUT set.
 step() {
   local name=$1 limit=$2 left=$((budget - SECONDS - 10))

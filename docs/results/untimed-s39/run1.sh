@@ -11,12 +11,9 @@
 # peers, as after run 1, which ran the tests there; OTHER_CARD=none: nothing).
 set -u
 cd "$(dirname "$0")/../../.."
-export LD_LIBRARY_PATH=$PWD/bundle/lib
-budget=${CALL_SECONDS:-570}
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader)
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
-cat bundle/BUILD_INFO
 source docs/results/untimed-s39/budget_step.sh
+begin_run bundle/lib
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 d=DecodeAttentionTest
 bench() {
   step bench 210 bundle/kvtier_gpu_bench "$OUT/bench.json" --decode-only

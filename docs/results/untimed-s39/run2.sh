@@ -6,12 +6,10 @@
 # racecheck of the split tests, then the A/B of the batch-1 shapes in turns.
 set -u
 cd "$(dirname "$0")/../../.."
-export LD_LIBRARY_PATH=$PWD/bundle/lib
-budget=${CALL_SECONDS:-570}
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 source docs/results/untimed-s39/budget_step.sh
+begin_run bundle/lib
 t=/tmp/kvtier_gpu_tests
-gzip -dc variants/s39t/kvtier_gpu_tests.gz >$t && chmod +x $t
+unpack variants/s39t/kvtier_gpu_tests.gz $t
 d=DecodeAttentionTest
 step tests 130 env KVTIER_GPU_TEST_SCALE=0.1 $t \
   --gtest_filter="$d.*:PreparedAppendGpuTest.*:CudaBackendTest.*"

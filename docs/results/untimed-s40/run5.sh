@@ -8,14 +8,11 @@
 # and kvtier_gpu_tests into variants/s41t/kvtier_gpu_tests.gz (README.md).
 set -u
 cd "$(dirname "$0")/../../.."
-export LD_LIBRARY_PATH=$PWD/bundle/lib
-budget=${CALL_SECONDS:-570}
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
-cat bundle/BUILD_INFO
 source docs/results/untimed-s39/budget_step.sh
+begin_run bundle/lib
 d=DecodeAttentionTest
 t=/tmp/kvtier_gpu_tests
-gzip -dc variants/s41t/kvtier_gpu_tests.gz >$t && chmod +x $t
+unpack variants/s41t/kvtier_gpu_tests.gz $t
 step tests 120 env KVTIER_GPU_TEST_SCALE=0.1 $t --gtest_filter="$d.*"
 step memcheck 70 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
   --error-exitcode 1 --print-limit 20 $t \

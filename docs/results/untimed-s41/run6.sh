@@ -6,15 +6,10 @@
 # racecheck of their query paths, then main and both variants in turns, 3 rounds.
 set -u
 cd "$(dirname "$0")/../../.."
-export LD_LIBRARY_PATH=$PWD/variants/s40lib
-budget=${CALL_SECONDS:-570}
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
-cat bundle/BUILD_INFO
 source docs/results/untimed-s39/budget_step.sh
+begin_run variants/s40lib
 d=DecodeAttentionTest
-for v in u v; do
-  gzip -dc variants/s41$v/kvtier_gpu_tests.gz >/tmp/tests_$v && chmod +x /tmp/tests_$v
-done
+for v in u v; do unpack variants/s41$v/kvtier_gpu_tests.gz /tmp/tests_$v; done
 step tests_spread 100 env KVTIER_GPU_TEST_SCALE=0.1 /tmp/tests_u --gtest_filter="$d.*"
 step tests_staged 100 env KVTIER_GPU_TEST_SCALE=0.1 /tmp/tests_v --gtest_filter="$d.*"
 for v in u v; do

@@ -7,14 +7,11 @@
 # staged_query lost 2%).
 set -u
 cd "$(dirname "$0")/../../.."
-export LD_LIBRARY_PATH=$PWD/variants/s40lib
-budget=${CALL_SECONDS:-570}
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
-cat bundle/BUILD_INFO
 source docs/results/untimed-s39/budget_step.sh
+begin_run variants/s40lib
 d=DecodeAttentionTest
 t=/tmp/kvtier_gpu_tests
-gzip -dc variants/s42t/kvtier_gpu_tests.gz >$t && chmod +x $t
+unpack variants/s42t/kvtier_gpu_tests.gz $t
 step tests 150 env KVTIER_GPU_TEST_SCALE=0.1 $t
 step memcheck 70 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
   --error-exitcode 1 --print-limit 20 $t \
