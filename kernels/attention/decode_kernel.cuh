@@ -245,11 +245,10 @@ __global__ void __maxnreg__(kTiles == 1 ? 128 : 255)
   if (!p.rotate_queries) stage_first();
   constexpr bool kSharedQuery = QueryInSharedMemory(kKinds);
   QueryFragments<kTiles, kSharedQuery> query;
-  if constexpr (kSharedQuery) {
-    query.base =
-        reinterpret_cast<uint4*>(smem + RingBytes(kWarps, kStages, p.stage_bytes)) + k.lane;
-  }
-  LoadQuery(p, k, smem, query);
+  uint4* const staged =
+      reinterpret_cast<uint4*>(smem + RingBytes(kWarps, kStages, p.stage_bytes)) + k.lane;
+  if constexpr (kSharedQuery) query.base = staged;
+  LoadQuery<QueryStagedInSharedMemory(kKinds, kPageWeights)>(p, k, smem, staged, query);
   if (p.rotate_queries) stage_first();
   float m_run[2 * kTiles], l_run[2 * kTiles];
   float unit = 1.f, inv_unit = 1.f;

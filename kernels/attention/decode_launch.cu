@@ -139,14 +139,17 @@ constexpr size_t kSharedPerSm = 228 * 1024;
 constexpr size_t kSharedReservedPerBlock = 1024;
 
 // The most dynamic shared memory a launch asks for (FP16 K and V, the largest staged page, in
-// the shallow ring), the kernels' opt-in limit.
-constexpr size_t kMostSmem = attention::RingBytes(
-    kMostWarps, kShallowStages, 2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4);
+// the shallow ring, and two tiles of Q^T fragments), the kernels' opt-in limit.
+constexpr size_t kMostSmem =
+    attention::RingBytes(kMostWarps, kShallowStages,
+                         2 * kDecodeBlockTokens * kDecodeHeadDim * 2 + 32 * 4) +
+    2 * attention::kQueryBytesPerTile;
 
 // The kernel of `warps` warps a block for k's GQA group (keeping page weights or not) and its
-// dynamic shared memory: the staging rings (and the Q^T fragments of a palette's kernel of its
-// own, QueryFragments), or the block's merge of its warps' states if larger. The deep ring when
-// it fits beside as many blocks as the registers allow (small pages: NVFP4), else the shallow one.
+// dynamic shared memory: the staging rings (and the Q^T fragments where they are staged,
+// QueryStagedInSharedMemory), or the block's merge of its warps' states if larger. The deep ring
+// when it fits beside as many blocks as the registers allow (small pages: NVFP4), else the
+// shallow one.
 struct KernelLaunch {
   Kernel kernel;
   int smem;
@@ -157,9 +160,12 @@ KernelLaunch KernelFor(const PagedDecodeParams& k, int warps) {
   const size_t group_rows = wide ? 16 : 8;
   const size_t blocks_by_registers = (wide ? 8 : 16) / warps;
   const size_t kinds = PaletteKinds(k);
+  const PageLse store = k.page_weight == nullptr ? PageLse::kNone
+                        : PageLsesKeptInL2(k)    ? PageLse::kKeptInL2
+                                                 : PageLse::kStored;
   const auto ring = [&](int stages) {
     return static_cast<size_t>(attention::RingBytes(warps, stages, k.stage_bytes)) +
-           (attention::QueryInSharedMemory(kPaletteKinds[kinds])
+           (attention::QueryStagedInSharedMemory(kPaletteKinds[kinds], store != PageLse::kNone)
                 ? (wide ? 2 : 1) * attention::kQueryBytesPerTile
                 : 0);
   };
@@ -167,9 +173,6 @@ KernelLaunch KernelFor(const PagedDecodeParams& k, int warps) {
   const bool deep = deep_ring <= kMostSmem &&
                     blocks_by_registers * (deep_ring + kSharedReservedPerBlock) <= kSharedPerSm;
   const size_t merge = warps * group_rows * (kDecodeHeadDim + 2) * sizeof(float);
-  const PageLse store = k.page_weight == nullptr ? PageLse::kNone
-                        : PageLsesKeptInL2(k)    ? PageLse::kKeptInL2
-                                                 : PageLse::kStored;
   return {kKernels[KernelIndex(warps, kinds, wide, deep, store, ValueScalesUniform(k))],
           static_cast<int>(std::max(ring(deep ? kDeepStages : kShallowStages), merge)),
           32 * warps};

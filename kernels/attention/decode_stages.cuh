@@ -99,6 +99,13 @@ constexpr int kQueryBytesPerTile = 4 * 32 * 16;
 __host__ __device__ constexpr bool QueryInSharedMemory(uint32_t kinds) {
   return kinds != kAnyKinds;
 }
+// Whether LoadQuery passes the fragments through shared memory (loaded by every warp, then a
+// barrier): where they stay there, and in the generic kernel without page weights, whose
+// batch-1 steps it shortened; with them its loop ran 2% slower at batch 64 x 32K (session 41).
+// The launch adds their bytes to the block's shared memory.
+__host__ __device__ constexpr bool QueryStagedInSharedMemory(uint32_t kinds, bool page_weights) {
+  return QueryInSharedMemory(kinds) || !page_weights;
+}
 
 // This lane's Q^T fragments (LoadQuery), those of k-steps 2m and 2m + 1 of tile t as At(t, m).
 // kShared: in shared memory (kTiles x kQueryBytesPerTile bytes at `base` - lane, lane l's at
@@ -126,9 +133,11 @@ struct QueryFragments<kTiles, true> {
 // p.rotate_queries the group's rows are rotated first, into `smem` (the block's shared memory
 // before the fragments, the staging ring's: REQUIRES no copy into it in flight). Every thread of
 // the block calls it.
-template <int kTiles, bool kShared>
+template <bool kStaged, int kTiles, bool kShared>
 __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const DecodeBlock& k,
-                                          uint8_t* smem, QueryFragments<kTiles, kShared>& q) {
+                                          uint8_t* smem, uint4* staged,
+                                          QueryFragments<kTiles, kShared>& q) {
+  static_assert(kStaged || !kShared);
   constexpr int kD = kDecodeHeadDim;
   const float* q0 = p.q + (static_cast<int64_t>(k.b) * p.num_q_heads + k.kv_head * k.group) * kD;
   if (p.rotate_queries) {
@@ -144,15 +153,15 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const Deco
   // it allows (a quarter of the load instructions; the scalar loads' queue and round trips held
   // the first page back at batch 1, docs/benchmarks.md, session 41).
   const bool vector = (reinterpret_cast<uintptr_t>(q0) & 15) == 0;
-  // Shared fragments: fragment (t, m) by warp (4t + m) mod the block's warps, so that their round
-  // trips overlap instead of following one another in warp 0.
-  const int warps = kShared ? static_cast<int>(blockDim.x / 32) : 1;
+  // Staged fragments: fragment (t, m) by warp (4t + m) mod the block's warps into `staged` (this
+  // lane's at [(4t + m) * 32]), so that their round trips overlap.
+  const int warps = kStaged ? static_cast<int>(blockDim.x / 32) : 1;
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
     const int row = k.g + 8 * t;
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-      if (kShared && (4 * t + m) % warps != k.warp) continue;
+      if (kStaged && (4 * t + m) % warps != k.warp) continue;
       // k-steps 2m and 2m + 1: dims d, d + 4 and d + 1, d + 5 for d = d0 and d0 + 2.
       const float* d0 = q0 + row * kD + 32 * k.c + 8 * m;
       float x[8] = {};
@@ -165,12 +174,24 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const Deco
 #pragma unroll
         for (int i = 0; i < 8; ++i) x[i] = d0[i];
       }
-      q.Set(t, m, make_uint4(PackHalf2(x[0], x[4]), PackHalf2(x[1], x[5]),
-                             PackHalf2(x[2], x[6]), PackHalf2(x[3], x[7])));
+      const uint4 f = make_uint4(PackHalf2(x[0], x[4]), PackHalf2(x[1], x[5]),
+                                 PackHalf2(x[2], x[6]), PackHalf2(x[3], x[7]));
+      if (kStaged) {
+        staged[(4 * t + m) * 32] = f;
+      } else {
+        q.Set(t, m, f);
+      }
     }
   }
-  // Every warp reads shared fragments; the staging ring reuses the rotated rows' memory.
-  if (kShared || p.rotate_queries) __syncthreads();
+  // Every warp reads staged fragments; the staging ring reuses the rotated rows' memory.
+  if (kStaged || p.rotate_queries) __syncthreads();
+  if constexpr (kStaged && !kShared) {
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+      for (int m = 0; m < 4; ++m) q.Set(t, m, staged[(4 * t + m) * 32]);
+    }
+  }
 }
 
 // QK of one side kind into s (QK's layout): quarter m of K's rows (pairs 4m..4m+3) feeds
