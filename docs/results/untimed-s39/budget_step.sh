@@ -1,4 +1,4 @@
-# Sourced by the run scripts of untimed-s39, untimed-s40 and untimed-s41 (from the repository
+# Sourced by the run scripts of untimed-s39 to untimed-s42 (from the repository
 # root).
 #
 # begin_run LIBDIR: the libraries in LIBDIR (relative to the root) for the binaries, budget from
@@ -29,6 +29,14 @@ step() {
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   echo "$name: rc=$? in $((SECONDS - start)) s (limit $limit); $(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$name.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \] [A-Za-z]" "$OUT/$name.log" | head -10
+}
+
+# sanitize TOOL[_TAG] LIMIT TESTS FILTER: step TOOL[_TAG] of compute-sanitizer's TOOL (memcheck,
+# racecheck) over the GPU tests binary TESTS (scale 0.1), the tests the gtest FILTER names, exit
+# status 1 on an error, 20 reports at the most.
+sanitize() {
+  step "$1" "$2" env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool "${1%%_*}" \
+    --error-exitcode 1 --print-limit 20 "$3" --gtest_filter="$4"
 }
 
 # ab_step NAME DIR RESERVE FILTER SHAPE...: scripts/gpu_ab.sh over the builds in DIR at each

@@ -24,12 +24,10 @@ tests() {
   step tests 150 env KVTIER_GPU_TEST_SCALE=0.1 bundle/kvtier_gpu_tests
 }
 sanitizers() {
-  step memcheck 90 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
-    --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests \
-    --gtest_filter="$d.MergeKernel*:$d.PageWeights*:$d.MostlyFp16*:$d.LongContextSplitKv:$d.Fp16Tails*:$d.Misaligned*"
-  step racecheck 60 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
-    --error-exitcode 1 --print-limit 20 bundle/kvtier_gpu_tests \
-    --gtest_filter="$d.LongContextSplitKv:$d.MergeKernel*:$d.Misaligned*"
+  sanitize memcheck 90 bundle/kvtier_gpu_tests \
+    "$d.MergeKernel*:$d.PageWeights*:$d.MostlyFp16*:$d.LongContextSplitKv:$d.Fp16Tails*:$d.Misaligned*"
+  sanitize racecheck 60 bundle/kvtier_gpu_tests \
+    "$d.LongContextSplitKv:$d.MergeKernel*:$d.Misaligned*"
 }
 peers() {
   OUT=/tmp/py step module 60 bash scripts/gpu_python.sh --module-only

@@ -13,11 +13,8 @@ unpack variants/s39t/kvtier_gpu_tests.gz $t
 d=DecodeAttentionTest
 step tests 130 env KVTIER_GPU_TEST_SCALE=0.1 $t \
   --gtest_filter="$d.*:PreparedAppendGpuTest.*:CudaBackendTest.*"
-step memcheck 80 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
-  --error-exitcode 1 --print-limit 20 $t \
-  --gtest_filter="$d.PageWeightsSplitKv:$d.MostlyFp16*:$d.Fp16Tails*:$d.EveryFormatMix*"
-step racecheck 60 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
-  --error-exitcode 1 --print-limit 20 $t --gtest_filter="$d.PageWeightsSplitKv:$d.Fp16Tails*"
+sanitize memcheck 80 $t "$d.PageWeightsSplitKv:$d.MostlyFp16*:$d.Fp16Tails*:$d.EveryFormatMix*"
+sanitize racecheck 60 $t "$d.PageWeightsSplitKv:$d.Fp16Tails*"
 left=$((budget - SECONDS))
 echo "A/B: ${left} s left"
 AB_MAIN=0 ROUNDS=${ROUNDS:-3} AB_NAME=ab_s39 AB_DEADLINE=$((left - 50)) timeout $left \

@@ -21,11 +21,9 @@ source docs/results/untimed-s39/budget_step.sh
 t=/tmp/kvtier_gpu_tests
 d=DecodeAttentionTest
 if [ -f variants/s40t/kvtier_gpu_tests.gz ]; then  # not carried with the whole bundle (64 MiB)
-  gzip -dc variants/s40t/kvtier_gpu_tests.gz >$t && chmod +x $t
+  unpack variants/s40t/kvtier_gpu_tests.gz $t
   step tests 120 env KVTIER_GPU_TEST_SCALE=0.1 $t --gtest_filter="$d.*"
-  step memcheck 70 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
-    --error-exitcode 1 --print-limit 20 $t \
-    --gtest_filter="$d.MostlyFp16*:$d.Fp16Tails*:$d.EveryFormatMix*:$d.PageWeightsSplitKv"
+  sanitize memcheck 70 $t "$d.MostlyFp16*:$d.Fp16Tails*:$d.EveryFormatMix*:$d.PageWeightsSplitKv"
 fi
 AB_MAIN=1 ab_step ab_s40 variants/s40 0 . \
   "fp16_tail_nvfp4 1 8192" "balanced_mix 1 8192" "fp16_tail_fp8 1 8192" \

@@ -21,11 +21,9 @@ b=/tmp/diag_bench
 gzip -dc variants/s40b/diag.gz >$b && chmod +x $b
 tests() {  # binary
   step tests 120 env KVTIER_GPU_TEST_SCALE=0.1 "$1" --gtest_filter="$d.*"
-  step memcheck 70 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
-    --error-exitcode 1 --print-limit 20 "$1" \
-    --gtest_filter="$d.MergeKernel*:$d.PageWeights*:$d.MostlyFp16*:$d.LongContextSplitKv:$d.Fp16Tails*:$d.EveryFormatMix*"
-  step racecheck 50 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
-    --error-exitcode 1 --print-limit 20 "$1" --gtest_filter="$d.LongContextSplitKv:$d.PageWeightsSplitKv"
+  sanitize memcheck 70 "$1" \
+    "$d.MergeKernel*:$d.PageWeights*:$d.MostlyFp16*:$d.LongContextSplitKv:$d.Fp16Tails*:$d.EveryFormatMix*"
+  sanitize racecheck 50 "$1" "$d.LongContextSplitKv:$d.PageWeightsSplitKv"
 }
 ab() {  # the A/B of main's device code (diag) and the variant (interleave), in turns
   local shapes=()

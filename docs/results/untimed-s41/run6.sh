@@ -13,11 +13,9 @@ for v in u v; do unpack variants/s41$v/kvtier_gpu_tests.gz /tmp/tests_$v; done
 step tests_spread 100 env KVTIER_GPU_TEST_SCALE=0.1 /tmp/tests_u --gtest_filter="$d.*"
 step tests_staged 100 env KVTIER_GPU_TEST_SCALE=0.1 /tmp/tests_v --gtest_filter="$d.*"
 for v in u v; do
-  step memcheck_$v 70 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
-    --error-exitcode 1 --print-limit 20 /tmp/tests_$v \
-    --gtest_filter="$d.Misaligned*:$d.RotatedKeys:$d.EveryFormatMix*:$d.LongContextSplitKv"
-  step racecheck_$v 60 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
-    --error-exitcode 1 --print-limit 20 /tmp/tests_$v --gtest_filter="$d.Misaligned*:$d.RotatedKeys"
+  sanitize memcheck_$v 70 /tmp/tests_$v \
+    "$d.Misaligned*:$d.RotatedKeys:$d.EveryFormatMix*:$d.LongContextSplitKv"
+  sanitize racecheck_$v 60 /tmp/tests_$v "$d.Misaligned*:$d.RotatedKeys"
 done
 AB_MAIN=1 ab_step ab_s41 variants/s41 0 "_graph|_b(8|64)_ctx32k  " \
   "nvfp4_block_head 1 8192" "fp16_tail_nvfp4 1 8192" "balanced_mix 1 8192" \

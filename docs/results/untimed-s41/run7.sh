@@ -13,11 +13,8 @@ d=DecodeAttentionTest
 t=/tmp/kvtier_gpu_tests
 unpack variants/s42t/kvtier_gpu_tests.gz $t
 step tests 150 env KVTIER_GPU_TEST_SCALE=0.1 $t
-step memcheck 70 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
-  --error-exitcode 1 --print-limit 20 $t \
-  --gtest_filter="$d.Misaligned*:$d.RotatedKeys:$d.EveryFormatMix*:$d.PageWeights*"
-step racecheck 60 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
-  --error-exitcode 1 --print-limit 20 $t --gtest_filter="$d.Misaligned*:$d.RotatedKeys"
+sanitize memcheck 70 $t "$d.Misaligned*:$d.RotatedKeys:$d.EveryFormatMix*:$d.PageWeights*"
+sanitize racecheck 60 $t "$d.Misaligned*:$d.RotatedKeys"
 AB_MAIN=1 ab_step ab_s42 variants/s42 0 "_graph|_b(8|64)_ctx32k(_page_weight)?  " \
   "balanced_mix 1 8192" "fp16_tail_nvfp4 1 8192" "fp16_tail_fp8 1 8192" "fp16 1 8192" \
   "balanced_mix 64 32768" "balanced_mix 1 1024" "balanced_mix 1 131072" \

@@ -14,11 +14,8 @@ d=DecodeAttentionTest
 t=/tmp/kvtier_gpu_tests
 unpack variants/s43t/hot_three.gz $t
 step tests 150 env KVTIER_GPU_TEST_SCALE=0.1 $t
-step memcheck 70 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool memcheck \
-  --error-exitcode 1 --print-limit 20 $t \
-  --gtest_filter="$d.EveryFormatMix*:$d.MostlyFp16*:$d.Fp16Tails*:$d.PageWeights*"
-step racecheck 50 env KVTIER_GPU_TEST_SCALE=0.1 compute-sanitizer --tool racecheck \
-  --error-exitcode 1 --print-limit 20 $t --gtest_filter="$d.EveryFormatMix*"
+sanitize memcheck 70 $t "$d.EveryFormatMix*:$d.MostlyFp16*:$d.Fp16Tails*:$d.PageWeights*"
+sanitize racecheck 50 $t "$d.EveryFormatMix*"
 unpack variants/s43t/hot_nvfp4.gz $t
 step tests_nvfp4 60 env KVTIER_GPU_TEST_SCALE=0.1 $t --gtest_filter="$d.*"
 ab_step ab_s43 variants/s43 0 "_graph|_b(8|64)_ctx32k(_page_weight)?  " \
