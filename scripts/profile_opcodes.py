@@ -10,6 +10,10 @@ heads x pages: 64 x 8 x 2048 at batch 64 x 32K), so that two kernels compare per
 sums the stall samples by reason (a kernel that issues as many instructions but waits longer
 shows it there). With two files it prints both columns and their difference, largest first:
 where a variant's extra instructions and waits are (docs/benchmarks.md, sessions 14 and 15).
+Last, for each file, the instructions grouped by how many times each executed, per unit: at
+batch 1 x 8K (2 pages a warp) 1.0 is a page's work, 0.5 a warp's, 0.0625 one warp's of a block
+of 8; with the stall samples of each group, this separates the fixed costs from the loop's
+(docs/results/untimed-s43/README.md).
 
   scripts/profile_opcodes.py UNITS A_sass.csv [B_sass.csv]   # .csv or .csv.gz
 """
@@ -47,16 +51,37 @@ def read_page(path):
     reasons = {i: c[len('stall_'):] for i, c in enumerate(header)
                if c.startswith('stall_') and '(Not Issued)' not in c}
     opcodes, stalls = collections.Counter(), collections.Counter()
+    # by_count[times executed] = [instructions, warp instructions executed, stall samples]
+    by_count = collections.defaultdict(lambda: [0, 0, 0])
     for row in rows:
         if len(row) <= executed or not row[executed].isdigit():
             continue
         op = opcode(row[source])
+        n = int(row[executed])
         if op:
-            opcodes[op] += int(row[executed])
+            opcodes[op] += n
+        samples = 0
         for i, reason in reasons.items():
             if i < len(row) and row[i].isdigit():
                 stalls[reason] += int(row[i])
-    return name, opcodes, stalls
+                samples += int(row[i])
+        if n or samples:
+            group = by_count[n]
+            group[0] += 1
+            group[1] += n
+            group[2] += samples
+    return name, opcodes, stalls, by_count
+
+
+def print_by_count(label, units, by_count):
+    """The instructions grouped by times executed, most executed work first."""
+    total = sum(g[1] for g in by_count.values()) or 1
+    samples = sum(g[2] for g in by_count.values()) or 1
+    print(f'{label}: by times executed{"per unit":>12s}{"instrs":>8s}{"executed %":>12s}'
+          f'{"samples":>9s}{"samples %":>11s}')
+    for n, (count, executed, stalled) in sorted(by_count.items(), key=lambda kv: -kv[1][1]):
+        print(f'{"":20s}{n / units:12.4f}{count:8d}{100 * executed / total:12.1f}{stalled:9d}'
+              f'{100 * stalled / samples:11.1f}')
 
 
 def print_table(label, per, digits):
@@ -83,14 +108,17 @@ def main(argv):
     if units <= 0:
         sys.exit('UNITS must be positive')
     pages = [read_page(path) for path in argv[2:]]
-    for i, (name, opcodes, stalls) in enumerate(pages):
+    for i, (name, opcodes, stalls, _) in enumerate(pages):
         total = sum(opcodes.values())
         print(f'{"AB"[i]}: {name}\n   {total / units:.1f} instructions per unit ({total} in all), '
               f'{sum(stalls.values())} stall samples')
-    per_unit = [{op: n / units for op, n in opcodes.items()} for _, opcodes, _ in pages]
+    per_unit = [{op: n / units for op, n in opcodes.items()} for _, opcodes, _, _ in pages]
     print_table('opcode (per unit)', per_unit, 2)
     print()
-    print_table('stall (samples)', [dict(s) for _, _, s in pages], 0)
+    print_table('stall (samples)', [dict(s) for _, _, s, _ in pages], 0)
+    for i, (_, _, _, by_count) in enumerate(pages):
+        print()
+        print_by_count('AB'[i], units, by_count)
 
 
 if __name__ == '__main__':
