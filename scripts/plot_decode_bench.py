@@ -44,14 +44,18 @@ def load(path):
             bench = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: cannot read a bench JSON ({e})") from e
+    if not isinstance(bench, dict) or not isinstance(bench.get("decode"), list):
+        raise ValueError(f"{path}: not a kvtier_gpu_bench JSON (no list 'decode')")
     rows = {}
-    for row in bench.get("decode", []) if isinstance(bench, dict) else []:
-        m = ROW.fullmatch(row.get("name", ""))
+    for row in bench["decode"]:
+        if not isinstance(row, dict) or not {"pct_of_read_roof", "median_ms"} <= row.keys():
+            continue
+        m = ROW.fullmatch(str(row.get("name", "")))
         if m:
             key = (m["case"], int(m["batch"]), int(m["ctx"]), m["variant"])
             rows[key] = row
     if not rows:
-        raise ValueError(f"{path}: no decode rows (was it run with --data-plane-only?)")
+        raise ValueError(f"{path}: no decode rows (a bench run with --data-plane-only?)")
     label = f"{bench.get('gpu', 'unknown GPU')}, {bench.get('date', 'no date')[:10]}"
     return rows, label
 

@@ -79,6 +79,10 @@ def test_a_file_without_decode_rows_writes_nothing(tmp_path):
     assert r.returncode == 2
     assert "no decode rows" in r.stderr
     assert not out.exists()
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([{"name": "decode_fp16_b1_ctx8k_splits4"}]))
+    r = run(str(out), str(other))
+    assert r.returncode == 2 and "not a kvtier_gpu_bench JSON" in r.stderr and not out.exists()
     r = run(str(out), str(tmp_path / "absent.json"))
     assert r.returncode == 2 and "cannot read" in r.stderr and not out.exists()
     assert run(str(out)).returncode == 2 and "usage" in run(str(out)).stderr
