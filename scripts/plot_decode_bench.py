@@ -95,8 +95,22 @@ class Svg:
                 "\n".join(self.parts) + "\n</svg>\n")
 
 
+def dash(f):
+    """The line style of the f-th file."""
+    return DASHES[f % len(DASHES)]
+
+
+def lookup(rows, label, key, missing):
+    """rows[key], or None with the shape added to `missing`."""
+    row = rows.get(key)
+    if row is None:
+        missing.append(f"{label}: {key[0]} {key[1:]}")
+    return row
+
+
 def axes(svg, x0, title, y_max, y_step, y_unit, x_labels):
-    """Draws a panel's frame, grid and labels; returns (x of tick i, y of a value)."""
+    """Draws a panel's frame, grid and labels (a palette's "A + B" on two lines); returns (x of
+    tick i, y of a value)."""
     svg.text(x0, TOP - 25, title, 13)
     svg.rect(x0, TOP, PANEL_W, PANEL_H, "none", "#999")
     for v in range(0, int(y_max) + 1, y_step):
@@ -106,8 +120,8 @@ def axes(svg, x0, title, y_max, y_step, y_unit, x_labels):
     n = len(x_labels)
     x_of = lambda i: x0 + PANEL_W * (i + 0.5) / n
     for i, label in enumerate(x_labels):
-        if label:
-            svg.text(x_of(i), TOP + PANEL_H + 16, label, 10, "middle")
+        for line, text in enumerate(label.replace(" + ", "\n+ ").split("\n")):
+            svg.text(x_of(i), TOP + PANEL_H + 16 + 11 * line, text, 10, "middle")
     return x_of, lambda v: TOP + PANEL_H * (1 - min(v, y_max) / y_max)
 
 
@@ -118,41 +132,34 @@ def line_panel(svg, x0, title, files, keys, x_labels, missing):
         for case, _, colour in FORMATS:
             points = []
             for i, key in enumerate(keys(case)):
-                row = rows.get(key)
-                if row is None:
-                    missing.append(f"{label}: {case} {key[1:]}")
-                else:
+                row = lookup(rows, label, key, missing)
+                if row is not None:
                     points.append((x_of(i), y_of(row["pct_of_read_roof"])))
             if points:
-                svg.polyline(points, colour, DASHES[f % len(DASHES)])
+                svg.polyline(points, colour, dash(f))
     return y_of
 
 
 def bar_panel(svg, x0, files, missing):
     """The batch-1 x 8K step from a graph: a bar a (format, file), in us."""
-    steps = [[rows.get((case, 1, 8, "_graph")) for case, _, _ in FORMATS] for rows, _ in files]
+    steps = [[lookup(rows, label, (case, 1, 8, "_graph"), missing) for case, _, _ in FORMATS]
+             for rows, label in files]
     longest = max([r["median_ms"] * 1e3 for s in steps for r in s if r] + [12.0])
     y_max = 5 * (int(longest / 5) + 1)
-    x_of, y_of = axes(svg, x0, "Batch 1 x 8K, a step from a graph: us", y_max, 5, "",
-                      [label if " " not in label else "" for _, label, _ in FORMATS])
+    _, y_of = axes(svg, x0, "Batch 1 x 8K, a step from a graph: us", y_max, 5, "",
+                   [label for _, label, _ in FORMATS])
     slot = PANEL_W / len(FORMATS)
     bar = 0.8 * slot / len(files)
-    for i, (case, label, colour) in enumerate(FORMATS):
-        for f, (_, file_label) in enumerate(files):
+    for i, (_, _, colour) in enumerate(FORMATS):
+        for f in range(len(files)):
             row = steps[f][i]
             if row is None:
-                missing.append(f"{file_label}: {case} (1, 8, '_graph')")
                 continue
             us = row["median_ms"] * 1e3
             x = x0 + slot * i + 0.1 * slot + bar * f
             svg.rect(x, y_of(us), bar, TOP + PANEL_H - y_of(us), colour if f == 0 else "white",
-                     colour, DASHES[f % len(DASHES)])
+                     colour, dash(f))
             svg.text(x + bar / 2, y_of(us) - 3, f"{us:.1f}", 8, "middle")
-    for i, (_, label, _) in enumerate(FORMATS):
-        if " " in label:  # the palettes' labels, on two lines under their bars
-            head, tail = label.split(" + ")
-            svg.text(x_of(i), TOP + PANEL_H + 16, head, 9, "middle")
-            svg.text(x_of(i), TOP + PANEL_H + 27, "+ " + tail, 9, "middle")
     svg.line(x0, y_of(12), x0 + PANEL_W, y_of(12), "#444", "3,3")
     svg.text(x0 + PANEL_W, TOP - 8, "dashed: the 12 us target", 9, "end", "#444")
 
@@ -184,7 +191,7 @@ def plot(files):
         x += 30 + 7 * len(label)
     for f, (_, label) in enumerate(files):
         y += LEGEND_H
-        svg.line(LEFT, y - 4, LEFT + 40, y - 4, "#222", DASHES[f % len(DASHES)], 2)
+        svg.line(LEFT, y - 4, LEFT + 40, y - 4, "#222", dash(f), 2)
         svg.text(LEFT + 48, y, label + (" (bars filled)" if f == 0 else " (bars open)"))
     return str(svg), missing
 

@@ -51,8 +51,8 @@ def read_page(path):
     reasons = {i: c[len('stall_'):] for i, c in enumerate(header)
                if c.startswith('stall_') and '(Not Issued)' not in c}
     opcodes, stalls = collections.Counter(), collections.Counter()
-    # by_count[times executed] = [instructions, warp instructions executed, stall samples]
-    by_count = collections.defaultdict(lambda: [0, 0, 0])
+    # by_count[times executed] = [instructions, their stall samples]
+    by_count = collections.defaultdict(lambda: [0, 0])
     for row in rows:
         if len(row) <= executed or not row[executed].isdigit():
             continue
@@ -66,21 +66,19 @@ def read_page(path):
                 stalls[reason] += int(row[i])
                 samples += int(row[i])
         if n or samples:
-            group = by_count[n]
-            group[0] += 1
-            group[1] += n
-            group[2] += samples
+            by_count[n][0] += 1
+            by_count[n][1] += samples
     return name, opcodes, stalls, by_count
 
 
 def print_by_count(label, units, by_count):
     """The instructions grouped by times executed, most executed work first."""
-    total = sum(g[1] for g in by_count.values()) or 1
-    samples = sum(g[2] for g in by_count.values()) or 1
+    total = sum(n * count for n, (count, _) in by_count.items()) or 1
+    samples = sum(stalled for _, stalled in by_count.values()) or 1
     print(f'{label}: by times executed{"per unit":>12s}{"instrs":>8s}{"executed %":>12s}'
           f'{"samples":>9s}{"samples %":>11s}')
-    for n, (count, executed, stalled) in sorted(by_count.items(), key=lambda kv: -kv[1][1]):
-        print(f'{"":20s}{n / units:12.4f}{count:8d}{100 * executed / total:12.1f}{stalled:9d}'
+    for n, (count, stalled) in sorted(by_count.items(), key=lambda kv: -kv[0] * kv[1][0]):
+        print(f'{"":20s}{n / units:12.4f}{count:8d}{100 * n * count / total:12.1f}{stalled:9d}'
               f'{100 * stalled / samples:11.1f}')
 
 
