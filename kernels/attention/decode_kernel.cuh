@@ -235,21 +235,28 @@ __global__ void __maxnreg__(kTiles == 1 ? 128 : 255)
   const DecodeBlock k = BlockOf(p);
   PageRing<kWarps> ring = RingOf<kWarps, kStages>(p, smem, k);
   WaitForPriorKernels();
-  // The first pages' copies start before the warps read the queries, so that the two latencies
-  // overlap (LoadQuery ends with a barrier); with rotated queries, whose rotation uses the
-  // ring's memory, after it.
+  // The queries' reads are issued first, then the first pages' copies, then the queries are
+  // packed (a barrier where staged): the two latencies overlap, and the reads do not queue behind
+  // the copies. With rotated queries, whose rotation uses the ring's memory, the copies follow.
   const auto stage_first = [&] {
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) ring.template Stage<kKinds>(p, k.kv_head, i, i);
   };
-  if (!p.rotate_queries) stage_first();
   constexpr bool kSharedQuery = QueryInSharedMemory(kKinds);
+  constexpr bool kStagedQuery = QueryStagedInSharedMemory(kKinds, kPageWeights);
   QueryFragments<kTiles, kSharedQuery> query;
   uint4* const staged =
       reinterpret_cast<uint4*>(smem + RingBytes(kWarps, kStages, p.stage_bytes)) + k.lane;
   if constexpr (kSharedQuery) query.base = staged;
-  LoadQuery<QueryStagedInSharedMemory(kKinds, kPageWeights)>(p, k, smem, staged, query);
-  if (p.rotate_queries) stage_first();
+  if (!p.rotate_queries) {
+    QueryValues<kTiles> values;
+    ReadQuery<kStagedQuery>(QueryRows(p, k), k, values);
+    stage_first();
+    PackQuery<kStagedQuery>(p, k, values, staged, query);
+  } else {
+    LoadRotatedQuery<kStagedQuery>(p, k, smem, staged, query);
+    stage_first();
+  }
   float m_run[2 * kTiles], l_run[2 * kTiles];
   float unit = 1.f, inv_unit = 1.f;
   float o[kTiles][8][4];

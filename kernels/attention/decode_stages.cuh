@@ -90,7 +90,7 @@ struct StagedPage {
 __host__ __device__ constexpr int RingBytes(int warps, int stages, int stage_bytes) {
   return (warps * stages * (stage_bytes + 4) + 15) / 16 * 16;
 }
-// Bytes of the Q^T fragments of one tile of 8 query heads (LoadQuery).
+// Bytes of the Q^T fragments of one tile of 8 query heads (PackQuery).
 constexpr int kQueryBytesPerTile = 4 * 32 * 16;
 
 // Whether the kernel for palettes of side kinds `kinds` (kAnyKinds, or the one pair of side kinds
@@ -99,7 +99,7 @@ constexpr int kQueryBytesPerTile = 4 * 32 * 16;
 __host__ __device__ constexpr bool QueryInSharedMemory(uint32_t kinds) {
   return kinds != kAnyKinds;
 }
-// Whether LoadQuery passes the fragments through shared memory (loaded by every warp, then a
+// Whether PackQuery passes the fragments through shared memory (loaded by every warp, then a
 // barrier): where they stay there, and in the generic kernel without page weights, whose
 // batch-1 steps it shortened; with them its loop ran 2% slower at batch 64 x 32K (session 41).
 // The launch adds their bytes to the block's shared memory.
@@ -107,9 +107,9 @@ __host__ __device__ constexpr bool QueryStagedInSharedMemory(uint32_t kinds, boo
   return QueryInSharedMemory(kinds) || !page_weights;
 }
 
-// This lane's Q^T fragments (LoadQuery), those of k-steps 2m and 2m + 1 of tile t as At(t, m).
+// This lane's Q^T fragments (PackQuery), those of k-steps 2m and 2m + 1 of tile t as At(t, m).
 // kShared: in shared memory (kTiles x kQueryBytesPerTile bytes at `base` - lane, lane l's at
-// [(4t + m) * 32 + l]), written by the block's warps in turn (LoadQuery) and read at every page,
+// [(4t + m) * 32 + l]), written by the block's warps in turn (PackQuery) and read at every page,
 // one 16-byte load a quarter: in registers they pushed the NVFP4 page loop to the kernel's
 // 128-register limit, where ptxas recomputed lane indices and addresses at each page
 // (docs/benchmarks.md, session 19). Else in registers, which the other formats' page loops run
@@ -127,44 +127,48 @@ struct QueryFragments<kTiles, true> {
   __device__ __forceinline__ void Set(int t, int m, uint4 v) { base[(4 * t + m) * 32] = v; }
 };
 
-// Q^T fragments (the B operand of S^T = K Q^T) in the canonical K order: k-step j pairs with
-// K pairs 2j and 2j + 1, which hold dims 32c + 8m + q (+4), m = j / 2, q = 2 (j % 2) (+1), into
-// q (in shared memory: fragment (t, m) by warp (4t + m) mod the warps, for every warp). With
-// p.rotate_queries the group's rows are rotated first, into `smem` (the block's shared memory
-// before the fragments, the staging ring's: REQUIRES no copy into it in flight). Every thread of
-// the block calls it.
-template <bool kStaged, int kTiles, bool kShared>
-__device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const DecodeBlock& k,
-                                          uint8_t* smem, uint4* staged,
-                                          QueryFragments<kTiles, kShared>& q) {
-  static_assert(kStaged || !kShared);
+// The query values this lane packs into its Q^T fragments (PackQuery), read apart from their
+// packing so that the reads can be issued before the first pages' copies and do not queue
+// behind them.
+template <int kTiles>
+struct QueryValues {
+  float x[kTiles][4][8];
+};
+
+// The group's query rows in p.q.
+__device__ __forceinline__ const float* QueryRows(const PagedDecodeParams& p,
+                                                  const DecodeBlock& k) {
+  return p.q + (static_cast<int64_t>(k.b) * p.num_q_heads + k.kv_head * k.group) * kDecodeHeadDim;
+}
+
+// Whether fragment (t, m) is this warp's to read and pack: with kStaged, fragment (t, m) is warp
+// (4t + m) mod the block's warps', so that their round trips overlap; else every warp's.
+template <bool kStaged>
+__device__ __forceinline__ bool OwnsFragment(const DecodeBlock& k, int t, int m) {
+  return !kStaged || (4 * t + m) % static_cast<int>(blockDim.x / 32) == k.warp;
+}
+
+// Reads the values of this lane's fragments from the group's rows q0 (QueryRows, or rotated
+// rows in shared memory) into v: fragment (t, m) holds k-steps 2m and 2m + 1, dims d, d + 4 and
+// d + 1, d + 5 for d = d0 and d0 + 2; rows past the group read as zeros.
+template <bool kStaged, int kTiles>
+__device__ __forceinline__ void ReadQuery(const float* q0, const DecodeBlock& k,
+                                          QueryValues<kTiles>& v) {
   constexpr int kD = kDecodeHeadDim;
-  const float* q0 = p.q + (static_cast<int64_t>(k.b) * p.num_q_heads + k.kv_head * k.group) * kD;
-  if (p.rotate_queries) {
-    float* rows = reinterpret_cast<float*>(smem);
-    float* scratch = rows + k.group * kD;
-    for (int r = 0; r < k.group; ++r) {
-      RotateRowInBlock(scratch, kD, p.key_rotation_seed, k.kv_head,
-                       [&](int d) { return q0[r * kD + d]; }, rows + r * kD);
-    }
-    q0 = rows;
-  }
   // Rows lie 512 bytes apart, so the first row's alignment is every row's: 16-byte loads where
   // it allows (a quarter of the load instructions; the scalar loads' queue and round trips held
   // the first page back at batch 1, docs/benchmarks.md, session 41).
   const bool vector = (reinterpret_cast<uintptr_t>(q0) & 15) == 0;
-  // Staged fragments: fragment (t, m) by warp (4t + m) mod the block's warps into `staged` (this
-  // lane's at [(4t + m) * 32]), so that their round trips overlap.
-  const int warps = kStaged ? static_cast<int>(blockDim.x / 32) : 1;
 #pragma unroll
   for (int t = 0; t < kTiles; ++t) {
     const int row = k.g + 8 * t;
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-      if (kStaged && (4 * t + m) % warps != k.warp) continue;
-      // k-steps 2m and 2m + 1: dims d, d + 4 and d + 1, d + 5 for d = d0 and d0 + 2.
+      if (!OwnsFragment<kStaged>(k, t, m)) continue;
       const float* d0 = q0 + row * kD + 32 * k.c + 8 * m;
-      float x[8] = {};
+      float* x = v.x[t][m];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = 0.f;
       if (row < k.group && vector) {
         const float4 a = *reinterpret_cast<const float4*>(d0);
         const float4 b = *reinterpret_cast<const float4*>(d0 + 4);
@@ -174,6 +178,25 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const Deco
 #pragma unroll
         for (int i = 0; i < 8; ++i) x[i] = d0[i];
       }
+    }
+  }
+}
+
+// Q^T fragments (the B operand of S^T = K Q^T) in the canonical K order from ReadQuery's values:
+// k-step j pairs with K pairs 2j and 2j + 1, which hold dims 32c + 8m + q (+4), m = j / 2, q = 2
+// (j % 2) (+1), into q (with kStaged through `staged`, this lane's fragment (t, m) at [(4t + m) *
+// 32], then a barrier and every warp's copy). Every thread of the block calls it.
+template <bool kStaged, int kTiles, bool kShared>
+__device__ __forceinline__ void PackQuery(const PagedDecodeParams& p, const DecodeBlock& k,
+                                          const QueryValues<kTiles>& v, uint4* staged,
+                                          QueryFragments<kTiles, kShared>& q) {
+  static_assert(kStaged || !kShared);
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      if (!OwnsFragment<kStaged>(k, t, m)) continue;
+      const float* x = v.x[t][m];
       const uint4 f = make_uint4(PackHalf2(x[0], x[4]), PackHalf2(x[1], x[5]),
                                  PackHalf2(x[2], x[6]), PackHalf2(x[3], x[7]));
       if (kStaged) {
@@ -192,6 +215,26 @@ __device__ __forceinline__ void LoadQuery(const PagedDecodeParams& p, const Deco
       for (int m = 0; m < 4; ++m) q.Set(t, m, staged[(4 * t + m) * 32]);
     }
   }
+}
+
+// The Q^T fragments of rotated queries (p.rotate_queries): the group's rows rotated into `smem`
+// (the block's shared memory before the fragments, the staging ring's: REQUIRES no copy into it
+// in flight), then read and packed. Every thread of the block calls it.
+template <bool kStaged, int kTiles, bool kShared>
+__device__ __forceinline__ void LoadRotatedQuery(const PagedDecodeParams& p, const DecodeBlock& k,
+                                                 uint8_t* smem, uint4* staged,
+                                                 QueryFragments<kTiles, kShared>& q) {
+  constexpr int kD = kDecodeHeadDim;
+  const float* q0 = QueryRows(p, k);
+  float* rows = reinterpret_cast<float*>(smem);
+  float* scratch = rows + k.group * kD;
+  for (int r = 0; r < k.group; ++r) {
+    RotateRowInBlock(scratch, kD, p.key_rotation_seed, k.kv_head,
+                     [&](int d) { return q0[r * kD + d]; }, rows + r * kD);
+  }
+  QueryValues<kTiles> v;
+  ReadQuery<kStaged>(rows, k, v);
+  PackQuery<kStaged>(p, k, v, staged, q);
 }
 
 // QK of one side kind into s (QK's layout): quarter m of K's rows (pairs 4m..4m+3) feeds
