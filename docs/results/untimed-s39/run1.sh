@@ -8,7 +8,8 @@
 # SDPA beside kvtier at 32K from Python (no FlashInfer: no wheels to carry), then memcheck and
 # racecheck of the merge, split, page-weight, mixed-palette and misaligned-query tests. On an
 # H100: the tests and sanitizers first, then the bench (OTHER_CARD=peers: the bench and the
-# peers, as after run 1, which ran the tests there; OTHER_CARD=none: nothing).
+# peers, as after run 1, which ran the tests there; OTHER_CARD=none: nothing). H200_STEPS
+# (Default: bench tests peers sanitizers) changes the H200's steps and their order.
 set -u
 cd "$(dirname "$0")/../../.."
 source docs/results/untimed-s39/budget_step.sh
@@ -43,7 +44,7 @@ peers() {
 }
 mkdir -p /tmp/py
 case "$gpu" in
-  *H200*) bench; tests; peers; sanitizers ;;
+  *H200*) for s in ${H200_STEPS:-bench tests peers sanitizers}; do $s; done ;;
   *) case "${OTHER_CARD:-all}" in
        peers) bench; peers ;;
        none) echo "not an H200: nothing run" ;;
