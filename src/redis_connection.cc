@@ -1,10 +1,12 @@
 #include "src/redis_connection.h"
 
 #include <hiredis/hiredis.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <memory>
 
 #include "absl/strings/match.h"
@@ -19,8 +21,8 @@ namespace {
 
 constexpr std::chrono::milliseconds kFirstBackoff{50};
 constexpr std::chrono::milliseconds kMaxBackoff{2000};
-// A call may take the timeout plus its bytes at this rate (100 MB/s, a loaded 1 GbE link): a
-// large value moving steadily completes, a server trickling bytes is cut.
+// A call earns, beyond the timeout, the time of the bytes it has moved at this rate (100 MB/s, a
+// loaded 1 GbE link): a large value moving steadily completes, a server trickling bytes is cut.
 constexpr size_t kFloorBytesPerMs = 100'000;
 // The bytes of a reply's framing, or of a whole short reply ("+OK").
 constexpr size_t kShortReplyBytes = 64;
@@ -166,6 +168,11 @@ std::chrono::milliseconds RedisConnection::Budget(size_t bytes) const {
          std::chrono::milliseconds(bytes / kFloorBytesPerMs);
 }
 
+RedisConnection::Clock::time_point RedisConnection::Earned(Clock::time_point start, size_t bytes,
+                                                           Clock::time_point not_after) const {
+  return std::min(not_after, start + Budget(bytes));
+}
+
 absl::Status RedisConnection::TimedOut(absl::string_view during) {
   return Drop(absl::DeadlineExceededError(absl::StrCat(
       Url(), " ", during, ": not done within ", timeout_ms_, " ms and the transfer's allowance")));
@@ -178,28 +185,41 @@ absl::Status RedisConnection::Arm(Clock::time_point deadline, absl::string_view 
   return absl::OkStatus();
 }
 
-absl::Status RedisConnection::Send(size_t bytes, Clock::time_point not_after) {
-  const Clock::time_point deadline = std::min(not_after, Clock::now() + Budget(bytes));
-  for (int written = 0; !written;) {
-    if (absl::Status s = Arm(deadline, "send"); !s.ok()) return s;
-    if (redisBufferWrite(context_, &written) != REDIS_OK) return Fail("send");
+absl::Status RedisConnection::Send(absl::string_view request, Clock::time_point not_after) {
+  const Clock::time_point start = Clock::now();
+  for (size_t sent = 0; sent < request.size();) {
+    if (absl::Status s = Arm(Earned(start, sent, not_after), "send"); !s.ok()) return s;
+    const ssize_t n =
+        send(context_->fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n >= 0) {
+      sent += static_cast<size_t>(n);
+    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      // EAGAIN: the socket's timeout, after which Arm decides whether time is left.
+      return Drop(absl::UnavailableError(absl::StrCat(Url(), " send: ", std::strerror(errno))));
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status RedisConnection::NextReply(Clock::time_point deadline, size_t max_bytes,
-                                        size_t* received, void** reply) {
+absl::Status RedisConnection::NextReply(Clock::time_point start, Clock::time_point not_after,
+                                        size_t max_bytes, size_t* received, void** reply) {
+  const redisReader& reader = *context_->reader;
   for (;;) {
+    // A reply's first byte is looked at before hiredis parses it: an aggregate's header would
+    // have it allocate a pointer per element announced (16 GiB for 2^31).
+    const bool at_reply_start =
+        reader.ridx == -1 || (reader.ridx == 0 && reader.rstack[0].type < 0);
+    if (at_reply_start && reader.pos < reader.len &&
+        absl::string_view("*%~>").find(reader.buf[reader.pos]) != absl::string_view::npos) {
+      return Drop(absl::InternalError(absl::StrCat(
+          Url(), " reply: an aggregate (array, map, set or push), which no command asks for")));
+    }
     if (redisGetReplyFromReader(context_, reply) != REDIS_OK) return Fail("reply");
     if (*reply != nullptr) return absl::OkStatus();
-    if (context_->reader->ridx > 0) {  // inside an aggregate's elements
-      return Drop(absl::InternalError(
-          absl::StrCat(Url(), " reply: an aggregate (array, map or set), which no command asks for")));
-    }
-    if (absl::Status s = Arm(deadline, "reply"); !s.ok()) return s;
-    const size_t before = context_->reader->len;  // hiredis discards parsed bytes only when parsing
+    if (absl::Status s = Arm(Earned(start, *received, not_after), "reply"); !s.ok()) return s;
+    const size_t before = reader.len;  // hiredis discards parsed bytes only when parsing
     if (redisBufferRead(context_) != REDIS_OK) return Fail("reply");
-    *received += context_->reader->len - before;
+    *received += reader.len - before;
     if (*received > max_bytes + kErrorTextBytes) {
       return Drop(absl::InternalError(absl::StrCat(Url(), " reply: ", *received,
                                                    " bytes read in, over the ", max_bytes,
@@ -208,30 +228,38 @@ absl::Status RedisConnection::NextReply(Clock::time_point deadline, size_t max_b
   }
 }
 
-absl::Status RedisConnection::ExchangeOnce(const std::vector<std::vector<absl::string_view>>& commands,
-                                           size_t reply_bytes, Clock::time_point not_after,
-                                           std::vector<std::optional<std::string>>* values) {
-  size_t sent_bytes = 0;
+absl::StatusOr<std::string> RedisConnection::Request(
+    const std::vector<std::vector<absl::string_view>>& commands) {
+  std::string request;
   for (const std::vector<absl::string_view>& args : commands) {
     std::vector<const char*> argv;
     std::vector<size_t> lengths;
     for (absl::string_view a : args) {
       argv.push_back(a.data());
       lengths.push_back(a.size());
-      sent_bytes += a.size();
     }
-    if (redisAppendCommandArgv(context_, static_cast<int>(argv.size()), argv.data(),
-                               lengths.data()) != REDIS_OK) {
-      return Fail("send");
-    }
+    char* command = nullptr;
+    const int length = redisFormatCommandArgv(&command, static_cast<int>(argv.size()),
+                                              argv.data(), lengths.data());
+    if (length < 0) return absl::InternalError("hiredis could not format a command");
+    request.append(command, static_cast<size_t>(length));
+    redisFreeCommand(command);
   }
-  if (absl::Status s = Send(sent_bytes, not_after); !s.ok()) return s;
-  const Clock::time_point deadline = std::min(not_after, Clock::now() + Budget(reply_bytes));
+  return request;
+}
+
+absl::Status RedisConnection::ExchangeOnce(absl::string_view request, size_t num_replies,
+                                           size_t reply_bytes, Clock::time_point not_after,
+                                           std::vector<std::optional<std::string>>* values) {
+  if (absl::Status s = Send(request, not_after); !s.ok()) return s;
+  const Clock::time_point sent = Clock::now();
   absl::Status refused;
   size_t received = 0;
-  for (size_t i = 0; i < commands.size(); ++i) {
+  for (size_t i = 0; i < num_replies; ++i) {
     void* raw = nullptr;
-    if (absl::Status s = NextReply(deadline, reply_bytes, &received, &raw); !s.ok()) return s;
+    if (absl::Status s = NextReply(sent, not_after, reply_bytes, &received, &raw); !s.ok()) {
+      return s;
+    }
     const Reply reply(static_cast<redisReply*>(raw));
     if (reply->type == REDIS_REPLY_STRING) {
       values->emplace_back(std::string(reply->str, reply->len));
@@ -252,17 +280,22 @@ absl::Status RedisConnection::ExchangeOnce(const std::vector<std::vector<absl::s
 absl::Status RedisConnection::Exchange(const std::vector<std::vector<absl::string_view>>& commands,
                                        size_t reply_bytes,
                                        std::vector<std::optional<std::string>>* values) {
+  const absl::StatusOr<std::string> request = Request(commands);
+  if (!request.ok()) return request.status();
   const bool reused = context_ != nullptr;
   if (absl::Status s = Connect(); !s.ok()) return s;
   const Clock::time_point started = Clock::now();
-  absl::Status s = ExchangeOnce(commands, reply_bytes, Clock::time_point::max(), values);
+  absl::Status s =
+      ExchangeOnce(*request, commands.size(), reply_bytes, Clock::time_point::max(), values);
   if (reused && absl::IsUnavailable(s)) {
-    // A connection idle across a server restart is found closed only now: one fresh try, in
-    // what is left of the first's time (a server that stalls, then closes, gets no second budget).
+    // A connection idle across a server restart is found closed only now: one fresh try, within
+    // the timeout and both ways' bytes at the floor rate from the first try's start (a server
+    // that stalls, then closes, gets no second budget; a large value can still be sent again).
     values->clear();
     retry_at_ = Clock::time_point{};
     if (s = Connect(); s.ok()) {
-      s = ExchangeOnce(commands, reply_bytes, started + Budget(reply_bytes), values);
+      s = ExchangeOnce(*request, commands.size(), reply_bytes,
+                       started + Budget(request->size() + reply_bytes), values);
     }
   }
   return s;

@@ -7,8 +7,9 @@
 //   DeadlineExceeded  a host name's lookup ran past the timeout (it goes on alone, and a later
 //                     connect takes its answer; src/host_lookup.h), or the connects to its
 //                     addresses past the timeout after it, or a call's commands were not all
-//                     sent, or its replies not all in, within the timeout plus the transfer's
-//                     bytes at 100 MB/s (a server reading or writing a byte at a time is cut)
+//                     sent, or its replies not all in, within the timeout plus the bytes moved
+//                     so far at 100 MB/s (a silent server is cut at the timeout, one reading or
+//                     writing a byte at a time soon after)
 //   ResourceExhausted the server refused a write for its maxmemory (an "OOM" error reply)
 //   Internal          any other error reply, a reply outside Redis's protocol, an aggregate
 //                     reply, or more bytes than the call asked for (the connection dropped)
@@ -75,32 +76,42 @@ class RedisConnection {
   absl::Status Fail(absl::string_view during);
   // Drops the connection, if any (backing off before the next), and returns `why`.
   absl::Status Drop(absl::Status why);
-  // The time a call moving `bytes` one way may take: the timeout plus the bytes at 100 MB/s.
+  // The timeout plus `bytes` at 100 MB/s.
   std::chrono::milliseconds Budget(size_t bytes) const;
+  // The deadline a transfer begun at `start` has earned once `bytes` have moved: start +
+  // Budget(bytes), and never past `not_after`. Time is granted for bytes that arrive, not for
+  // bytes asked for: a silent server is cut at the timeout however large the values asked for.
+  Clock::time_point Earned(Clock::time_point start, size_t bytes,
+                           Clock::time_point not_after) const;
   // Drops the connection, its replies out of step: DeadlineExceeded for `during`.
   absl::Status TimedOut(absl::string_view during);
   // Sets the socket's timeout to what is left until `deadline`; TimedOut when nothing is.
   absl::Status Arm(Clock::time_point deadline, absl::string_view during);
-  // Writes the queued commands, `bytes` of arguments, within Budget(bytes) and before
-  // `not_after` (a server reading a byte at a time never trips a per-write timeout).
-  absl::Status Send(size_t bytes, Clock::time_point not_after);
-  // Reads until one whole reply is buffered: *reply; past `deadline`, TimedOut. *received
-  // counts the bytes read in, over the exchange's replies. Internal, the connection dropped, when
-  // it passes `max_bytes` (and an error text's allowance), or when a reply is an aggregate (no
-  // command sent asks for one): a server that sends more than was asked for is cut there, not
-  // buffered whole (hiredis parses an array's elements as they come, so the unparsed bytes alone
-  // would not bound it).
-  absl::Status NextReply(Clock::time_point deadline, size_t max_bytes, size_t* received,
-                         void** reply);
+  // The commands in Redis's protocol, one after the other (pipelined).
+  static absl::StatusOr<std::string> Request(
+      const std::vector<std::vector<absl::string_view>>& commands);
+  // Writes `request` with send(MSG_NOSIGNAL) (a write to a connection the server closed is an
+  // error, never SIGPIPE, whose default action ends the process), each byte within the time the
+  // bytes before it earned (Earned), and before `not_after`.
+  absl::Status Send(absl::string_view request, Clock::time_point not_after);
+  // Reads until one whole reply is buffered: *reply; past Earned(start, *received, not_after),
+  // TimedOut. *received counts the bytes read in, over the exchange's replies. Internal, the
+  // connection dropped, when it passes `max_bytes` (and an error text's allowance), or when a
+  // reply is an aggregate (no command sent asks for one), refused at its first byte, before
+  // hiredis allocates its elements or parses them as they come: a server that sends more than
+  // was asked for is cut there, not buffered whole.
+  absl::Status NextReply(Clock::time_point start, Clock::time_point not_after, size_t max_bytes,
+                         size_t* received, void** reply);
   // Sends `commands` and reads one entry per reply into *values (a string's value, else
-  // nullopt), all within Budget(reply_bytes) of the sending; retries once on a fresh connection
-  // when a connection that had worked before turns out closed, within what is left of the first
-  // try's Budget(reply_bytes).
+  // nullopt); replies of more than `reply_bytes` in all are cut. Retries once on a fresh
+  // connection when a connection that had worked before turns out closed, within
+  // Budget(request bytes + reply_bytes) of the first try's start.
   absl::Status Exchange(const std::vector<std::vector<absl::string_view>>& commands,
                         size_t reply_bytes, std::vector<std::optional<std::string>>* values);
-  // One try of Exchange, done before `not_after` (Clock::time_point::max(): no bound but its own).
-  absl::Status ExchangeOnce(const std::vector<std::vector<absl::string_view>>& commands,
-                            size_t reply_bytes, Clock::time_point not_after,
+  // One try of Exchange: `request` holds `num_replies` commands; done before `not_after`
+  // (Clock::time_point::max(): no bound but its own).
+  absl::Status ExchangeOnce(absl::string_view request, size_t num_replies, size_t reply_bytes,
+                            Clock::time_point not_after,
                             std::vector<std::optional<std::string>>* values);
 
   const RedisAddress address_;

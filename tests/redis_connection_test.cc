@@ -1,6 +1,7 @@
 // RedisConnection against servers that misbehave at the socket, which a real redis-server does
-// not do on demand: one that trickles its reply, one that sends more than was asked for, and one
-// that resets the connection under a large write.
+// not do on demand: one that trickles its reply, one that stays silent, one that sends more than
+// was asked for or an aggregate, and ones that close or reset the connection around a large
+// write.
 #include "src/redis_connection.h"
 
 #include <sys/socket.h>
@@ -15,12 +16,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/one_connection_server.h"
+#include "tests/loopback_server.h"
 
 namespace kvtier {
 namespace {
 
-using ::kvtier::testing::OneConnectionServer;
+using ::kvtier::testing::LoopbackServer;
 
 // A Get of `keys` (at most `max_bytes` each) from `server` on a connection with `timeout_ms`,
 // timed; the server's thread joined after it.
@@ -30,7 +31,7 @@ struct TimedGet {
   std::chrono::steady_clock::duration took;
   bool connected;  // after the call
 };
-TimedGet GetFrom(OneConnectionServer& server, int timeout_ms, std::vector<std::string> keys,
+TimedGet GetFrom(LoopbackServer& server, int timeout_ms, std::vector<std::string> keys,
                  size_t max_bytes) {
   RedisConnection connection(server.address(), timeout_ms);
   TimedGet got;
@@ -46,7 +47,7 @@ TimedGet GetFrom(OneConnectionServer& server, int timeout_ms, std::vector<std::s
 // every read returns within the timeout, so only a deadline for the call ends it, at about the
 // timeout (the second reply would take 1.1 s), the first reply kept.
 TEST(RedisConnectionTest, AReplyTrickledAByteAtATimeIsCutAtTheTimeout) {
-  OneConnectionServer server([](int client) {
+  LoopbackServer server([](int client) {
     char request[512];
     if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
     const std::string first = "$3\r\nabc\r\n";
@@ -68,6 +69,22 @@ TEST(RedisConnectionTest, AReplyTrickledAByteAtATimeIsCutAtTheTimeout) {
   EXPECT_LT(got.took, std::chrono::milliseconds(500));
 }
 
+// A server that reads the request and never answers: the call is cut at about the timeout
+// (50 ms), however large the values asked for (8 of up to 4 MiB). Was: the allowance for the
+// bytes asked for (335 ms at 100 MB/s) was granted before any came, and every AddSequence
+// waited it out while Redis stalled (a fork, a long script).
+TEST(RedisConnectionTest, ASilentServerIsCutAtTheTimeoutHoweverLargeTheValuesAskedFor) {
+  LoopbackServer server([](int client) {
+    char request[4096];
+    while (client >= 0 && recv(client, request, sizeof(request), 0) > 0) {
+    }
+  });
+  const TimedGet got = GetFrom(server, 50, std::vector<std::string>(8, "k"), size_t{4} << 20);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(got.status)) << got.status;
+  EXPECT_GE(got.took, std::chrono::milliseconds(45));
+  EXPECT_LT(got.took, std::chrono::milliseconds(250));
+}
+
 // Reads a request from `client`, then sends `header` and `chunk` again and again, counting the
 // bytes in *sent, until the client closes the connection (or 4 GB went).
 void Flood(int client, const std::string& header, const std::string& chunk,
@@ -86,7 +103,7 @@ void Flood(int client, const std::string& header, const std::string& chunk,
 // connection dropped), not buffered whole until the deadline (gigabytes in 2 s).
 TEST(RedisConnectionTest, AReplyLongerThanAskedForIsCutNotBufferedWhole) {
   std::atomic<int64_t> sent{0};
-  OneConnectionServer server([&sent](int client) {
+  LoopbackServer server([&sent](int client) {
     Flood(client, "$4000000000\r\n", std::string(1 << 16, 'x'), &sent);
   });
   const TimedGet got = GetFrom(server, 2000, {"a"}, 1000);
@@ -101,7 +118,7 @@ TEST(RedisConnectionTest, AReplyLongerThanAskedForIsCutNotBufferedWhole) {
 // (Internal, the connection dropped), not held element by element until the deadline.
 TEST(RedisConnectionTest, AnArrayReplyIsRefusedNotHeldElementByElement) {
   std::atomic<int64_t> sent{0};
-  OneConnectionServer server([&sent](int client) {
+  LoopbackServer server([&sent](int client) {
     const std::string element = "$500\r\n" + std::string(500, 'x') + "\r\n";
     std::string chunk;
     while (chunk.size() < (1 << 16)) chunk += element;
@@ -116,10 +133,29 @@ TEST(RedisConnectionTest, AnArrayReplyIsRefusedNotHeldElementByElement) {
   EXPECT_LT(sent.load(), int64_t{64} << 20) << "bytes the client took in before it cut the reply";
 }
 
+// A server that sends an aggregate's first byte, then nothing: the reply is refused at that
+// byte (Internal, the connection dropped), before hiredis reads a header that would have it
+// allocate a pointer per element announced (16 GiB for "*2147483647"). Was: a wait for the
+// header's line until the deadline (2 s here).
+TEST(RedisConnectionTest, AnAggregateIsRefusedAtItsFirstByte) {
+  LoopbackServer server([](int client) {
+    char request[512];
+    if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
+    if (send(client, "*", 1, MSG_NOSIGNAL) != 1) return;
+    while (recv(client, request, sizeof(request), 0) > 0) {
+    }
+  });
+  const TimedGet got = GetFrom(server, 2000, {"a"}, 1000);
+  EXPECT_TRUE(absl::IsInternal(got.status)) << got.status;
+  EXPECT_NE(got.status.message().find("aggregate"), std::string::npos) << got.status;
+  EXPECT_FALSE(got.connected);
+  EXPECT_LT(got.took, std::chrono::milliseconds(1000));
+}
+
 // A reply that is not Redis's protocol (an HTTP server, say) is the server's error (Internal,
 // counted as such), not a connection lost (Unavailable, retried on a fresh connection).
 TEST(RedisConnectionTest, AReplyOutsideTheProtocolIsAServerError) {
-  OneConnectionServer server([](int client) {
+  LoopbackServer server([](int client) {
     char request[512];
     if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
     const std::string reply = "HTTP/1.1 400 Bad Request\r\n\r\n";
@@ -134,7 +170,7 @@ TEST(RedisConnectionTest, AReplyOutsideTheProtocolIsAServerError) {
 // the timeout; the fresh connection tried then gets no reply either. The call ends within the
 // first try's time (timeout 200 ms), not after a second whole budget on the new connection.
 TEST(RedisConnectionTest, TheRetryOnAFreshConnectionGetsOnlyWhatIsLeftOfTheTime) {
-  OneConnectionServer server([](int client) {
+  LoopbackServer server([](int client) {
     char request[512];
     if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
     send(client, "$0\r\n\r\n", 6, MSG_NOSIGNAL);  // an empty value
@@ -160,7 +196,7 @@ TEST(RedisConnectionTest, ALongErrorReplyIsReadAndReported) {
       "persist on disk. Commands that may modify the data set are disabled, because this "
       "instance is configured to report errors during writes if RDB snapshotting fails "
       "(stop-writes-on-bgsave-error option). Please check the Redis logs for details.";
-  OneConnectionServer server([&text](int client) {
+  LoopbackServer server([&text](int client) {
     char request[512];
     if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
     const std::string reply = "-" + text + "\r\n";
@@ -181,7 +217,7 @@ TEST(RedisConnectionTest, ALongErrorReplyIsReadAndReported) {
 TEST(RedisConnectionTest, AConnectionClosedUnderAWriteIsAnErrorNotASignal) {
   EXPECT_EXIT(
       {
-        OneConnectionServer server([](int client) {
+        LoopbackServer server([](int client) {
           char some[4096];
           if (client >= 0) (void)recv(client, some, sizeof(some), 0);
           // Closing with unread bytes resets the connection.
@@ -192,6 +228,71 @@ TEST(RedisConnectionTest, AConnectionClosedUnderAWriteIsAnErrorNotASignal) {
         std::exit(!s.ok() && !connection.connected() ? 0 : 1);
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+// A server that answers one SET, then closes its connection with nothing unread (Redis
+// restarted, its idle `timeout`, CLIENT KILL): the client's socket waits half closed, the next
+// large SET's first write goes out, the reset answers it, and the write after that meets EPIPE.
+// That is an error (the connection dropped; the one fresh try, which no server answers, times
+// out), not SIGPIPE, whose default action ends the process (hiredis writes with write(); the
+// connection now sends with MSG_NOSIGNAL). In a child process, so that a signal fails this test
+// alone.
+TEST(RedisConnectionTest, AWriteToAConnectionTheServerClosedWhileIdleIsAnErrorNotASignal) {
+  EXPECT_EXIT(
+      {
+        LoopbackServer server([](int client) {
+          char request[512];
+          if (client < 0 || recv(client, request, sizeof(request), 0) <= 0) return;
+          (void)send(client, "+OK\r\n", 5, MSG_NOSIGNAL);
+        });
+        RedisConnection connection(server.address(), 200);
+        if (!connection.Set("k", "v").ok()) std::exit(2);
+        server.Join();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the close has arrived
+        const absl::Status s = connection.Set("k", std::string(8 << 20, 'v'));
+        std::exit(!s.ok() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// A server that answers one SET, then closes the connection (a restart); the next SET, of 32
+// MiB, finds it closed and is sent again on a fresh connection, which the server reads at about
+// 128 MB/s before it answers: the retry has the timeout (100 ms) plus its bytes' time at the
+// floor rate (335 ms), and succeeds. Was: what was left of the timeout alone, so that a value
+// taking longer than the timeout to send was dropped on every restart.
+TEST(RedisConnectionTest, TheRetryOfALargeWriteHasItsBytesTime) {
+  constexpr size_t kValueBytes = size_t{32} << 20;
+  const size_t request_bytes =
+      std::string("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$" + std::to_string(kValueBytes) + "\r\n")
+          .size() +
+      kValueBytes + 2;
+  int connection_index = 0;
+  LoopbackServer server(
+      [&](int client) {
+        if (client < 0) return;
+        std::vector<char> buffer(1 << 20);
+        if (connection_index++ == 0) {
+          if (recv(client, buffer.data(), buffer.size(), 0) > 0) {
+            (void)send(client, "+OK\r\n", 5, MSG_NOSIGNAL);
+          }
+          return;
+        }
+        for (size_t received = 0; received < request_bytes;) {
+          const ssize_t n = recv(client, buffer.data(), buffer.size(), 0);
+          if (n <= 0) return;
+          received += static_cast<size_t>(n);
+          std::this_thread::sleep_for(std::chrono::microseconds(8 * n / 1024));  // ~128 MB/s
+        }
+        (void)send(client, "+OK\r\n", 5, MSG_NOSIGNAL);
+      },
+      2);
+  RedisConnection connection(server.address(), 100);
+  ASSERT_TRUE(connection.Set("k", "v").ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the close has arrived
+  const absl::Status s = connection.Set("k", std::string(kValueBytes, 'v'));
+  server.Join();
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(connection.reconnects(), 1);
 }
 
 }  // namespace

@@ -21,7 +21,7 @@
 #include "src/remote_block_codec.h"
 #include "src/remote_tier.h"
 #include "tests/fault_backend.h"
-#include "tests/one_connection_server.h"
+#include "tests/loopback_server.h"
 #include "tests/redis_server.h"
 #include "tests/test_util.h"
 
@@ -171,6 +171,21 @@ TEST_F(RemoteTierTest, TwoCachesShareAPrefixWithIdenticalKV) {
   EXPECT_TRUE(s.remote.connected);
 }
 
+// missed_blocks counts lookups ended by a missing value, not ones cut by
+// remote_max_fetch_blocks that found every block they asked for.
+TEST_F(RemoteTierTest, ALookupCutByTheFetchLimitIsNoMiss) {
+  Options o = RemoteOptions(server_.url());
+  o.remote_max_fetch_blocks = 2;
+  auto a = Make(o), b = Make(o);
+  const std::vector<int32_t> prompt = Prompt(4, 100);
+  Serve(*a, prompt);
+  EXPECT_EQ(Drain(*a).written_blocks, 4);
+  EXPECT_EQ(Match(*b, prompt).remote_tokens, 2 * kBlock);
+  EXPECT_EQ(b->GetStats().remote.missed_blocks, 0);
+  EXPECT_EQ(Match(*b, Prompt(4, 200)).remote_tokens, 0);
+  EXPECT_EQ(b->GetStats().remote.missed_blocks, 1);
+}
+
 TEST_F(RemoteTierTest, ALocalPrefixContinuesWithRemoteBlocksInTheirColderFormat) {
   const Options o = RemoteOptions(server_.url(), {"fp16", "fp8_e4m3/block_head"});
   auto a = Make(o), b = Make(o);
@@ -253,7 +268,7 @@ TEST_F(RemoteTierTest, AServerPausedPastTheTimeoutIsAMissWithinAboutTheTimeout) 
 // each waits about the timeout at most, not the timeout times the callers before it. The server
 // answers each GETRANGE (a missing key) after 60 ms; the timeout is 100 ms.
 TEST(RemoteTierLookupTest, CallersQueuedPastTheTimeoutMissInsteadOfWaitingTheirTurn) {
-  testing::OneConnectionServer server([](int client) {
+  testing::LoopbackServer server([](int client) {
     char request[4096];
     while (client >= 0 && recv(client, request, sizeof(request), 0) > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(60));

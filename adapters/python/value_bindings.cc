@@ -89,7 +89,11 @@ void BindTables(py::module_& m) {
 void BindTensorView(py::module_& m) {
   py::class_<PyTensorView>(m, "TensorView",
                            "A pool view without a copy. numpy.from_dlpack / torch.from_dlpack "
-                           "read it; FP8 and FP4 arrive as uint8 (see `dtype`).")
+                           "read it; FP8 and FP4 arrive as uint8 (see `dtype`). It spans the "
+                           "pool's whole reserved range, of which only slabs holding pages are "
+                           "mapped: read it only at the pages a step's tables name (a kernel, "
+                           "kv[indices]); printing, summing or copying it whole faults "
+                           "(SIGSEGV on the CPU backend). read_kv gives a sequence's K/V.")
       .def_property_readonly("dtype",
                              [](const PyTensorView& v) { return ViewDTypeName(v.view.dtype); })
       .def_property_readonly("shape",

@@ -74,7 +74,7 @@ struct RemoteTierStats {
   bool connected = false;            // the lookup connection was up at the last call
   int64_t hit_blocks = 0;            // blocks read from Redis and attached to a sequence
   int64_t hit_tokens = 0;            // prefix_hit_tokens served from the remote tier
-  int64_t missed_blocks = 0;         // lookups that found no usable value (first miss ends one)
+  int64_t missed_blocks = 0;         // lookups ended by a missing or unusable value, or an error
   int64_t written_blocks = 0;        // blocks stored in Redis
   int64_t bytes_read = 0;            // header and page bytes of the blocks attached
   int64_t bytes_written = 0;         // header and page bytes stored (a MAC trailer not counted)

@@ -7,6 +7,7 @@ the bad-input cases.
 Needs torch and transformers (scripts/setup_python.sh); skipped without them unless
 KVTIER_ENGINE_REQUIRED=1 (set by scripts/test.sh), where they are required.
 """
+import contextlib
 import os
 import pathlib
 import sys
@@ -165,6 +166,14 @@ def test_bad_requests_are_refused_and_others_keep_running(model):
         engine.submit(p, 128 * 16)
     with pytest.raises(RequestError, match=r"token ids must be in \[0, 512\)"):
         engine.submit([512], 5)
+    # Each of these was queued: inf and nan passed `< 1` and the size check, and never finished.
+    for bad in (float("inf"), float("nan"), 2.5, "3"):
+        with pytest.raises(RequestError, match="max_new_tokens must be an integer >= 1"):
+            engine.submit(p, bad)
+    with pytest.raises(RequestError, match="prompt token ids must be integers"):
+        engine.submit([1.7, 2.0], 3)  # was cut to [1, 2]
+    with pytest.raises(RequestError, match="forced token ids must be integers"):
+        engine.submit(p, 2, forced=[3, 4.5])
     with pytest.raises(RequestError, match="top_k must be an integer >= 0"):
         engine.submit(p, 4, temperature=1.0, top_k=-1)
     # Each of these raised in sampling, after admission: the request stayed running with no
@@ -270,11 +279,45 @@ def test_a_prefill_that_raises_releases_its_sequence(model):
     cache = make_cache(model)
     timer = StepTimer()
     engine = Engine(m, backend=FailingKV(cache, m, timer), timer=timer)
-    engine.submit(prompts(tails=(4,))[0], 4)
+    rid = engine.submit(prompts(tails=(4,))[0], 4)
     with pytest.raises(RuntimeError, match="simulated"):
         engine.step()
     assert cache.stats()["sequences"] == 0 and not engine.running
     assert cache.stats()["indexed_blocks"] == 0
+    # The request fails: it was left at the queue's head, retried first at every step.
+    assert not engine.waiting and engine.results[rid].done
+    assert engine.results[rid].error == "prefill failed: RuntimeError: simulated device failure"
+
+
+@pytest.mark.parametrize("error", [RuntimeError, torch.OutOfMemoryError])
+def test_a_request_whose_prefill_always_raises_does_not_hold_up_the_others(model, error):
+    # A prefill of over 100 tokens raises: an error of its own (a kernel refusing the shape) fails
+    # that request at once, a device out of memory once it is alone (as the cache's MemoryError).
+    # Was: either stayed at the queue's head, every later step retried it first and raised, and
+    # the running request never decoded again.
+    class LongPrefillFailsKV(KvtierKV):
+        def write(self, layer, slots, k, v):
+            if len(slots) > 100:
+                raise error("simulated failure of a long prefill")
+            return super().write(layer, slots, k, v)
+
+    m = LlamaCompute(model)
+    cache = make_cache(model)
+    timer = StepTimer()
+    engine = Engine(m, backend=LongPrefillFailsKV(cache, m, timer), timer=timer)
+    small, big = prompts(system_tokens=0, tails=(20, 150))
+    a = engine.submit(small, 8)
+    engine.step()
+    b = engine.submit(big, 4)
+    c = engine.submit(small, 3)
+    for _ in range(20):
+        with contextlib.suppress(error):
+            engine.step()
+    assert len(engine.results[a].tokens) == 8 and len(engine.results[c].tokens) == 3
+    assert engine.results[b].done and not engine.results[b].tokens
+    want = "prefill failed: RuntimeError" if error is RuntimeError else "does not fit the device"
+    assert engine.results[b].error.startswith(want)
+    assert not engine.busy() and cache.stats()["sequences"] == 0
 
 
 def test_a_decode_step_that_raises_puts_its_requests_back(model):

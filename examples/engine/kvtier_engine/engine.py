@@ -19,8 +19,10 @@ that finish leave the batch; their blocks stay cached for later prompts.
 Errors: `submit` raises RequestError (a ValueError) for an empty prompt, a request the budget
 can never hold, or bad sampling arguments, and leaves everything else as it was. A decode step
 that finds the budget full preempts the most recently admitted request (released, and requeued
-with its generated tokens as part of its prompt). A request alone in the cache that still does
-not fit fails (`Request.error`). `cancel` ends a request at any time.
+with its generated tokens as part of its prompt). A request alone in the cache (or on the
+device) that still does not fit fails (`Request.error`), as does one whose prefill raises
+(the error is raised too; the requests behind it are admitted at the next step). `cancel` ends
+a request at any time.
 """
 import contextlib
 import dataclasses
@@ -32,6 +34,14 @@ import time
 import torch
 
 from .backends import KvtierKV, RequestError
+
+
+def _token_ids(name, ids):
+    """The token ids as ints; RequestError when one is not an integer (3.7 was cut to 3)."""
+    try:
+        return [operator.index(t) for t in ids]
+    except TypeError:
+        raise RequestError(f"{name} token ids must be integers") from None
 
 
 @dataclasses.dataclass
@@ -48,7 +58,7 @@ class Request:
     cached_tokens: int = 0            # prompt tokens found in the cache at admission
     preemptions: int = 0
     done: bool = False
-    error: str = None                 # why the request failed after admission (out of memory)
+    error: str = None                 # why it failed after submit (no room, a prefill raised)
 
 
 class StepTimer:
@@ -109,16 +119,17 @@ class Engine:
     def submit(self, prompt, max_new_tokens, temperature=0.0, top_k=0, seed=0, forced=None,
                record_logits=False):
         """Queues a request; returns its id. RequestError (nothing queued) for an empty prompt,
-        max_new_tokens < 1, a temperature that is negative or not finite, a top_k or seed that is
-        not an integer (top_k also negative), forced tokens fewer than max_new_tokens, token ids
-        (prompt or forced) outside the vocabulary, or a request longer than the budget can ever
-        hold."""
-        prompt = [int(t) for t in prompt]
+        a max_new_tokens that is not an integer >= 1, a temperature that is negative or not
+        finite, a top_k or seed that is not an integer (top_k also negative), forced tokens
+        fewer than max_new_tokens, token ids (prompt or forced) that are not integers or lie
+        outside the vocabulary, or a request longer than the budget can ever hold."""
+        prompt = _token_ids("prompt", prompt)
         vocab = self.model.config.vocab_size
         if not prompt:
             raise RequestError("the prompt has 0 tokens: a request needs at least one")
-        if max_new_tokens < 1:
-            raise RequestError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
+        if not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be an integer >= 1, not {max_new_tokens!r}")
+        max_new_tokens = int(max_new_tokens)
         if not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) \
                 or temperature < 0:
             raise RequestError(f"temperature must be a finite number >= 0, not {temperature!r}")
@@ -129,7 +140,7 @@ class Engine:
             raise RequestError(f"seed must be an integer, not {seed!r}")
         temperature, top_k, seed = float(temperature), int(top_k), int(seed)
         if forced is not None:
-            forced = [int(t) for t in forced]
+            forced = _token_ids("forced", forced)
             if len(forced) < max_new_tokens:
                 raise RequestError("forced must hold max_new_tokens tokens")
             if min(forced) < 0 or max(forced) >= vocab:
@@ -187,12 +198,17 @@ class Engine:
                 except BaseException:  # any failure: the sequence is not kept half-admitted,
                     self.kv.abandon(h)     # nor the prefix blocks it could not write matched
                     raise
-            except MemoryError as e:
+            except (MemoryError, torch.OutOfMemoryError) as e:
                 if self.running:
                     return  # retried when running requests finish
-                self.waiting.pop(0)  # alone in the cache and still too large: it fails
-                req.error, req.done = f"does not fit the cache: {e}", True
+                self.waiting.pop(0)  # alone and still too large: it fails
+                where = "cache" if isinstance(e, MemoryError) else "device"
+                req.error, req.done = f"does not fit the {where}: {e}", True
                 continue
+            except Exception as e:  # fails alone, so that it is not retried first at every step
+                self.waiting.pop(0)
+                req.error, req.done = f"prefill failed: {type(e).__name__}: {e}", True
+                raise
             self.waiting.pop(0)
             if not req.tokens:
                 req.cached_tokens = cached

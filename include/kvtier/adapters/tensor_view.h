@@ -25,7 +25,10 @@ enum class ViewDType : uint8_t {
 KVTIER_EXPORT const char* ViewDTypeName(ViewDType dtype);  // "float16", ..., "float4_e2m1x2"
 KVTIER_EXPORT int ViewDTypeBytes(ViewDType dtype);         // storage bytes per element
 
-// A strided tensor over a pool, as DLPack and torch describe it. No ownership.
+// A strided tensor over a pool, as DLPack and torch describe it. No ownership. A pool's view
+// spans its whole reserved range (page tables index into it), of which only the slabs holding
+// pages are mapped. REQUIRES: readers read only the pages a step's page tables name; the rest
+// faults (SIGSEGV on the CPU backend, an illegal address on CUDA).
 struct TensorView {
   void* data = nullptr;  // element [0, 0, ...]
   ViewDType dtype = ViewDType::kFloat16;

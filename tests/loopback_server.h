@@ -1,7 +1,7 @@
-// A one-connection server on a loopback port, for tests of clients against servers that
-// misbehave at the socket (tests/redis_connection_test.cc, tests/remote_tier_test.cc).
-#ifndef KVTIER_TESTS_ONE_CONNECTION_SERVER_H_
-#define KVTIER_TESTS_ONE_CONNECTION_SERVER_H_
+// A server on a loopback port, for tests of clients against servers that misbehave at the
+// socket (tests/redis_connection_test.cc, tests/remote_tier_test.cc).
+#ifndef KVTIER_TESTS_LOOPBACK_SERVER_H_
+#define KVTIER_TESTS_LOOPBACK_SERVER_H_
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -16,11 +16,12 @@
 
 namespace kvtier::testing {
 
-// A one-connection server on a loopback port: `serve` runs on a thread of its own with the
-// accepted socket (or -1), which is closed when it returns; the destructor joins the thread.
-class OneConnectionServer {
+// A server on a loopback port that accepts `connections` connections one after the other: for
+// each, `serve` runs on the server's thread with the accepted socket (or -1), which is closed when
+// it returns; the destructor joins the thread. Default: one connection.
+class LoopbackServer {
  public:
-  explicit OneConnectionServer(std::function<void(int client)> serve) {
+  explicit LoopbackServer(std::function<void(int client)> serve, int connections = 1) {
     listener_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in address{};
     address.sin_family = AF_INET;
@@ -30,13 +31,15 @@ class OneConnectionServer {
     EXPECT_EQ(listen(listener_, 1), 0);
     EXPECT_EQ(getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length), 0);
     port_ = ntohs(address.sin_port);
-    thread_ = std::thread([this, serve = std::move(serve)] {
-      const int client = accept(listener_, nullptr, nullptr);
-      serve(client);
-      if (client >= 0) close(client);
+    thread_ = std::thread([this, serve = std::move(serve), connections] {
+      for (int i = 0; i < connections; ++i) {
+        const int client = accept(listener_, nullptr, nullptr);
+        serve(client);
+        if (client >= 0) close(client);
+      }
     });
   }
-  ~OneConnectionServer() {
+  ~LoopbackServer() {
     Join();
     close(listener_);
   }
@@ -53,4 +56,4 @@ class OneConnectionServer {
 
 }  // namespace kvtier::testing
 
-#endif  // KVTIER_TESTS_ONE_CONNECTION_SERVER_H_
+#endif  // KVTIER_TESTS_LOOPBACK_SERVER_H_
