@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/page_layout.h"
 #include "src/redis_connection.h"
@@ -136,6 +138,14 @@ absl::Status CheckEvents(const Options& o, uint64_t densest) {
                    absl::StrCat("KV events keep ", per_block, " bytes for each of up to ", blocks,
                                 " blocks, over the ", kMaxEventBytes,
                                 " bytes allowed; lower the budgets or use shorter blocks"));
+  }
+  for (const auto& [field, endpoint] :
+       {std::pair{"kv_events_endpoint", &o.kv_events_endpoint},
+        std::pair{"kv_events_replay_endpoint", &o.kv_events_replay_endpoint}}) {
+    if (absl::StartsWith(*endpoint, "inproc://")) {
+      return Invalid(field, "is inproc://, which only sockets of the publisher's own ZeroMQ "
+                            "context reach: no subscriber could; use ipc:// or tcp://");
+    }
   }
   if (o.kv_events_endpoint.empty() && !o.kv_events_replay_endpoint.empty()) {
     return Invalid("kv_events_replay_endpoint", "is set but kv_events_endpoint is empty");

@@ -103,12 +103,29 @@ TEST(OptionsErrorsTest, KvEventsKeepTheirMetadataBounded) {
   o.geometry = Geometry{1, 1, 16, 1024};  // FP16 pages of 64 KiB: 32 per slab
   o.memory_budget_bytes = (size_t{1} << 19) * o.slab_bytes;  // 2^19 slabs x 32 = 2^24 blocks
   ASSERT_TRUE(ValidateOptions(o).ok()) << ValidateOptions(o);
-  o.kv_events_endpoint = "inproc://bound";
+  o.kv_events_endpoint = "ipc:///tmp/kvtier-bound";
   const absl::Status s = ValidateOptions(o);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("kv_events_endpoint"), absl::string_view::npos) << s;
   o.geometry = Geometry{1, 16, 128, 16};  // 16-token blocks at the limit: 80 bytes each
   o.memory_budget_bytes = (size_t{1} << 20) * o.slab_bytes;
+  EXPECT_TRUE(ValidateOptions(o).ok()) << ValidateOptions(o);
+}
+
+// An inproc:// endpoint reaches only sockets of the publisher's own ZeroMQ context, which no
+// caller has: refused, naming the field (it was bound, and its batches counted as published to
+// nobody).
+TEST(OptionsErrorsTest, AnInprocEventEndpointIsRefused) {
+  Options o = SmallOptions();
+  o.kv_events_endpoint = "inproc://kv";
+  absl::Status s = ValidateOptions(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("kv_events_endpoint"), absl::string_view::npos) << s;
+  o.kv_events_endpoint = "ipc:///tmp/kvtier-kv";
+  o.kv_events_replay_endpoint = "inproc://replay";
+  s = ValidateOptions(o);
+  EXPECT_NE(s.message().find("kv_events_replay_endpoint"), absl::string_view::npos) << s;
+  o.kv_events_replay_endpoint = "ipc:///tmp/kvtier-replay";
   EXPECT_TRUE(ValidateOptions(o).ok()) << ValidateOptions(o);
 }
 

@@ -60,5 +60,40 @@ TEST_F(OutputFileTest, ADeviceIsWrittenInPlace) {
   }
 }
 
+// A result kept through a link (latest.json -> runs/42.json): the link stays a link, the file it
+// leads to takes the new result, and keeps its permissions. Was: the link was replaced by a
+// file, and the mode became the umask's.
+TEST_F(OutputFileTest, ALinkStaysALinkAndItsFileKeepsItsPermissions) {
+  namespace fs = std::filesystem;
+  fs::create_directory(dir_ / "runs");
+  const std::string file = dir_ / "runs" / "42.json", link = dir_ / "latest.json";
+  ASSERT_TRUE(WriteOutputFile(file, "earlier").ok());
+  fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  fs::create_symlink(fs::path("runs") / "42.json", link);
+  ASSERT_TRUE(CheckOutputFile(link).ok());
+  ASSERT_TRUE(WriteOutputFile(link, "later").ok());
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(Contents(file), "later");
+  EXPECT_EQ(fs::status(file).permissions(),
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_ / "runs"), {}), 1);  // no leftovers
+}
+
+// An existing file in a folder that takes no new file: refused by the check before the work, not
+// by the write after it (the file is replaced by one written beside it). Root writes anywhere.
+TEST_F(OutputFileTest, AFileInAFolderThatTakesNoNewFileIsRefusedUpFront) {
+  if (geteuid() == 0) GTEST_SKIP() << "root may write into any folder";
+  namespace fs = std::filesystem;
+  const fs::path folder = dir_ / "read-only";
+  fs::create_directory(folder);
+  const std::string path = folder / "result.json";
+  ASSERT_TRUE(WriteOutputFile(path, "earlier").ok());
+  fs::permissions(folder, fs::perms::owner_read | fs::perms::owner_exec);
+  const absl::Status s = CheckOutputFile(path);
+  fs::permissions(folder, fs::perms::owner_all);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("folder is not writable"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace kvtier::tool

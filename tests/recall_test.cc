@@ -7,11 +7,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "examples/kvtier/commands.h"
@@ -595,6 +597,17 @@ TEST(RecallCommandTest, BadFlagsExitWith2) {
   EXPECT_EQ(RunTool({"recall", "--kv-heads", "128", "--head-dim", "1024", "--arm", "fp16"}), 2);
   EXPECT_EQ(RunTool({"recall", "--arm", "fp16", "--arm", "fp16"}), 2);
   EXPECT_EQ(RunTool({"recall", "--policy", "balanced", "--policy", "balanced"}), 2);
+  // A context whose one thread needs more than the machine has (16M tokens of 8 KV heads: about
+  // 430 GB): refused before any trial. Was: allocations of tens of GB a thread, then an abort.
+  EXPECT_EQ(RunTool({"recall", "--contexts", "16384k", "--kv-heads", "8", "--arm", "fp16"}), 2);
+  // Two names with one plot file name: one heatmap overwrote the other, with exit 0.
+  const std::string a = TempPath("a.json"), b = TempPath("b.json");
+  for (const auto& [path, name] : {std::pair{a, "fp8 long"}, std::pair{b, "fp8_long"}}) {
+    std::ofstream(path) << "{\"name\": \"" << name << "\", \"tiers\": [{\"format\": \"fp16\"}]}";
+  }
+  EXPECT_EQ(RunTool({"recall", "--policy", a, "--policy", b}), 2);
+  std::remove(a.c_str());
+  std::remove(b.c_str());
 }
 
 TEST(RecallCommandTest, GeometryAndGeneratorLimits) {
@@ -630,9 +643,12 @@ TEST(RecallCommandTest, BackendFlag) {
   EXPECT_EQ(parse({"recall", "--backend", "gpu"}, &bad), 2);
   EXPECT_EQ(parse({"recall", "--backend"}, &bad), 2);
   if (!CudaSweepAvailable().ok()) {  // refused with exit status 1, before any trial runs
+    const std::string dir = TempPath("cuda_plots");
     EXPECT_EQ(RunTool({"recall", "--backend", "cuda", "--contexts", "256", "--trials", "2",
-                       "--head-dim", "32", "--kv-heads", "2", "--arm", "fp16", "--no-progress"}),
+                       "--head-dim", "32", "--kv-heads", "2", "--arm", "fp16", "--no-progress",
+                       "--plots", dir}),
               1);
+    EXPECT_FALSE(std::filesystem::exists(dir)) << "a refused command leaves no folder behind";
   }
 }
 

@@ -26,6 +26,12 @@ expect 2 "cannot write /nonexistent/p.svg" simulate --plot /nonexistent/p.svg
 expect 2 "cannot write \.: it is a folder" simulate --json .
 expect 2 "for one instance" simulate --instances 2 --json x.json
 expect 2 "for one instance" simulate --instances 2 --plot p.svg
+expect 2 "for one instance" simulate --instances 2 --host-tier-mib 64
+expect 2 "name the same file" simulate --plot same.out --json same.out
+# Budgets past the cache's block limits: refused before the first run (the host tier's after
+# both runs and the report, exit 1, the files asked for never written).
+expect 2 "host_tier_bytes" simulate --host-tier-mib 1048576 --json h.json
+expect 2 "memory_budget_bytes" simulate --budget-mib 1048576
 expect 2 "--remote: .*redis://" simulate --instances 2 --remote localhost:6379
 expect 2 "--remote-timeout-ms needs --remote" simulate --remote-timeout-ms 5
 expect 2 "--linger needs --metrics-port" simulate --linger 5

@@ -1,12 +1,14 @@
 // The KV-event publisher behind Options::kv_events_endpoint (src/events/zmq_publisher.h):
 // refused endpoints, the PUB wire format [topic, seq, payload], the replay socket and its end
 // marker, the event counters, and the bound on what a stalled subscriber is queued.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <msgpack.hpp>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -296,6 +298,50 @@ TEST(ZmqPublisherTest, StalledReplayPeersShareThePayloadsNotCopyThem) {
   const int64_t grown = ResidentBytes() - before;
   EXPECT_LT(grown, replay_bytes * 2) << "replay of " << replay_bytes << " bytes; " << kPeers
                                      << " stalled peers added " << grown;
+}
+
+// A subscriber (another process) that sends the PUB socket a subscription of 64 MiB: it is
+// disconnected at the frame's header, not buffered (the subscription was allocated whole, then
+// copied into the subscription tree: this process grew by over 64 MiB for seconds), and the
+// others still receive every batch.
+TEST(ZmqPublisherTest, AnOversizeSubscriptionDisconnectsItsSubscriber) {
+  const Options o = EventOptions("oversize");
+  std::unique_ptr<Cache> cache = testing::MustCreate(o);
+  zmq::context_t context(1);
+  zmq::socket_t sub = Subscriber(context, o, 5000);
+  const int64_t before = ResidentBytes();
+  const pid_t child = fork();
+  if (child == 0) {  // a context of its own, created after the fork
+    zmq::context_t own(1);
+    zmq::socket_t oversize(own, zmq::socket_type::sub);
+    oversize.set(zmq::sockopt::linger, 0);
+    oversize.set(zmq::sockopt::subscribe, std::string(64 << 20, 'x'));
+    oversize.connect(o.kv_events_endpoint);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    _exit(0);
+  }
+  ASSERT_GT(child, 0);
+  // A step every 50 ms for 2 s (the socket takes in subscriptions as it sends), the memory
+  // sampled after each.
+  int64_t peak = 0, received = 0;
+  std::vector<int64_t> slots;
+  for (int step = 0; step < 40; ++step) {
+    const SequenceId id = cache->AddSequence().value();
+    ASSERT_TRUE(cache->AppendTokens(id, Tokens(16, 16 * step), &slots).ok());
+    ASSERT_TRUE(cache->Release(id).ok());
+    ASSERT_TRUE(cache->EndStep().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    peak = std::max(peak, ResidentBytes() - before);
+    for (std::vector<zmq::message_t> parts;
+         zmq::recv_multipart(sub, std::back_inserter(parts), zmq::recv_flags::dontwait);
+         parts.clear()) {
+      ++received;
+    }
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_LT(peak, int64_t{32} << 20) << "a 64 MiB subscription grew this process by " << peak;
+  EXPECT_GT(received, 30);
 }
 
 // A replay of more batches than ZeroMQ queues for a peer by Default (1000) arrives whole, its

@@ -131,6 +131,11 @@ int RunRecall(int argc, char** argv) {
     return RecallBadFlag("the smallest context must hold every needle, sink and distractor (>= " +
                          std::to_string(specials) + " tokens)");
   }
+  if (absl::Status s = CheckSweep(o); !s.ok()) {  // a backend not here: exit 1 (docs/recall.md)
+    if (!absl::IsUnavailable(s)) return RecallBadFlag(std::string(s.message()));
+    std::fprintf(stderr, "kvtier recall: %s\n", s.ToString().c_str());
+    return 1;
+  }
   // Made last, so that a refused command leaves no directory behind.
   if (!f.plots_dir.empty()) {
     if (absl::Status s = MakeOutputDir(f.plots_dir); !s.ok()) {

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "examples/kvtier/recall_svg.h"
 
 namespace kvtier::tool {
 namespace {
@@ -244,6 +245,11 @@ std::optional<std::string> ChooseArms(const std::vector<std::string>& names,
     for (size_t j = 0; j < i; ++j) {
       if (chosen[i].name == chosen[j].name) {
         return "arm '" + chosen[i].name + "' is given twice (its rows and plots would be one)";
+      }
+      if (Slug(chosen[i].name) == Slug(chosen[j].name)) {
+        return absl::StrCat("arms '", chosen[j].name, "' and '", chosen[i].name,
+                            "' would write one plot file (heatmap_", Slug(chosen[i].name),
+                            ".svg): rename one");
       }
     }
   }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "examples/kvtier/recall_device.h"
 #include "kvtier/reference_attention.h"
 
@@ -174,7 +175,44 @@ KneePoint PointOf(int64_t context, const ContextResult& r, int arm, int baseline
   return KneePoint{context, a.top1.value(), b.top1.value(), a.flips.value()};
 }
 
-// InvalidArgument for options no sweep can run; Unavailable for a backend not usable here.
+// The memory of this machine that a sweep's threads may take: three quarters of it.
+double UsableMemoryBytes() {
+  return 0.75 * static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+         static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+// The threads of a sweep of `sequences` trial sequences a cell: SweepOptions::threads (0: the
+// cores), at most one a sequence, and no more than the usable memory holds (a note on stderr
+// when that cuts them). REQUIRES: CheckSweep(o) is OK (one thread fits).
+int Threads(const SweepOptions& o, int32_t sequences) {
+  int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  threads = std::max(1, std::min(threads, sequences));
+  const int fit = std::max(1, static_cast<int>(UsableMemoryBytes() / ThreadBytes(o)));
+  if (fit >= threads) return threads;
+  if (o.progress) {
+    std::fprintf(stderr, "kvtier recall: %d threads, not %d: a thread's trials of %lld tokens take "
+                 "about %.1f GiB\n", fit, threads, static_cast<long long>(o.contexts.back()),
+                 ThreadBytes(o) / kGiB);
+  }
+  return fit;
+}
+
+}  // namespace
+
+double ThreadBytes(const SweepOptions& o) {
+  const GeneratorOptions& g = o.generator;
+  const double kv_heads = g.dump ? g.dump->kv_heads : g.kv_heads;
+  const double head_dim = g.dump ? g.dump->head_dim : g.head_dim;
+  const double row = kv_heads * head_dim, q_heads = kv_heads * o.depths.size();
+  const double rope = g.dump ? 0 : 4 * head_dim;
+  // Per token: K and V as floats and as FP16 bits, the arm's cache that runs (at most FP16),
+  // their read-back as floats (the compute error), the RoPE table, and the logits of the
+  // reference and of the arm. The arms run one after the other, each releasing its sequence.
+  return static_cast<double>(o.contexts.back()) * (row * (8 + 4 + 4 + 8) + rope + q_heads * 8);
+}
+
 absl::Status CheckSweep(const SweepOptions& o) {
   if (o.contexts.empty() || o.depths.empty() || o.arms.empty() || o.trials < 1 || o.top_k < 1) {
     return absl::InvalidArgumentError("a sweep needs contexts, depths, arms, trials and top_k >= 1");
@@ -182,10 +220,14 @@ absl::Status CheckSweep(const SweepOptions& o) {
   if (!std::is_sorted(o.contexts.begin(), o.contexts.end())) {
     return absl::InvalidArgumentError("contexts must be ascending");
   }
+  if (ThreadBytes(o) > UsableMemoryBytes()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "a trial of %d tokens needs about %.1f GiB, more than 3/4 of this machine's memory "
+        "(%.1f GiB usable): shorten --contexts", o.contexts.back(), ThreadBytes(o) / kGiB,
+        UsableMemoryBytes() / kGiB));
+  }
   return o.backend == BackendKind::kCuda ? CudaSweepAvailable() : absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   if (absl::Status s = CheckSweep(o); !s.ok()) return s;
@@ -195,9 +237,7 @@ absl::StatusOr<SweepResult> RunSweep(const SweepOptions& o) {
   result.head_dim = o.generator.dump ? o.generator.dump->head_dim : o.generator.head_dim;
   result.sequences_per_cell = (o.trials + result.kv_heads - 1) / result.kv_heads;
   result.trials_per_cell = result.sequences_per_cell * result.kv_heads;
-  int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
-  threads = std::max(1, std::min(threads, result.sequences_per_cell));
-  Evaluator evaluator(o, result.sequences_per_cell, threads);
+  Evaluator evaluator(o, result.sequences_per_cell, Threads(o, result.sequences_per_cell));
 
   int baseline = -1;
   std::vector<int> all(o.arms.size());

@@ -65,6 +65,17 @@ struct SweepResult {
   double seconds = 0;
 };
 
+// About the bytes one thread's trials take at the longest context (REQUIRES: contexts and arms
+// given). A sweep runs on at most as many threads as three quarters of this machine's memory
+// holds, with a note on stderr when that is fewer than asked for.
+double ThreadBytes(const SweepOptions& options);
+
+// OK when RunSweep can run `options`: InvalidArgument for options no sweep can run,
+// ResourceExhausted when one thread's trials need more than three quarters of this machine's
+// memory, Unavailable for a backend not usable here.
+absl::Status CheckSweep(const SweepOptions& options);
+
+// The sweep (CheckSweep's errors first).
 absl::StatusOr<SweepResult> RunSweep(const SweepOptions& options);
 
 }  // namespace kvtier::tool

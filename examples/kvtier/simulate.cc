@@ -21,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "examples/kvtier/commands.h"
 #include "examples/kvtier/output_path.h"
-#include "examples/kvtier/recall_svg.h"
+#include "examples/kvtier/simulate_plot.h"
 #include "examples/kvtier/simulate_replay.h"
 #include "kvtier/cache.h"
 #include "kvtier/policy.h"
@@ -53,62 +53,11 @@ int64_t MigratedBlocks(const CacheStats& s) {
   return migrated;
 }
 
-// Two panels: the policy run's bytes by format over time (stacked), and running sequences of
-// both runs.
-absl::Status WritePlot(const std::string& path, const RunResult& run, const RunResult& fp16,
-                       const SimOptions& o) {
-  constexpr int kW = 1000, kPanel = 260, kLeft = 70, kRight = 330, kTop = 40;
-  Svg svg(kW, 2 * kPanel + 3 * kTop + 20);
-  const double plot_w = kW - kLeft - kRight;
-  const std::vector<std::string> colours = {"#d62728", "#ff7f0e", "#2ca02c", "#1f77b4",
-                                            "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
-  const double budget = static_cast<double>(o.replay.budget_mib) * (1 << 20);
-  auto x_of = [&](int64_t step) { return kLeft + plot_w * step / std::max<int64_t>(1, o.replay.steps); };
-  // Panel 1: stacked bars of each format's share of the budget, one bar per sample.
-  svg.Text(kLeft, kTop - 12, absl::StrCat("Tier occupancy under '", run.policy, "' (share of the budget)"), 14);
-  const double y0 = kTop + kPanel;
-  svg.Rect(kLeft, kTop, plot_w, kPanel, "none", "#999");
-  const double bar = run.samples.size() > 1 ? x_of(run.samples[1].step) - x_of(run.samples[0].step) : plot_w;
-  for (const Sample& sample : run.samples) {
-    double below = 0;
-    for (size_t f = 0; f < sample.bytes.size(); ++f) {
-      const double share = sample.bytes[f] / budget;
-      svg.Rect(x_of(sample.step), y0 - kPanel * (below + share), bar, kPanel * share,
-               colours[f % colours.size()]);
-      below += share;
-    }
-  }
-  for (size_t f = 0; f < run.final_stats.formats.size(); ++f) {
-    svg.Rect(kW - kRight + 10, kTop + 20 * f, 12, 12, colours[f % colours.size()]);
-    svg.Text(kW - kRight + 28, kTop + 20 * f + 11, run.final_stats.formats[f].name, 11);
-  }
-  for (double frac : {0.0, 0.5, 1.0}) {
-    svg.Text(kLeft - 8, y0 - kPanel * frac + 4, absl::StrFormat("%.0f%%", 100 * frac), 11, "end");
-  }
-  // Panel 2: running sequences.
-  const double top2 = 2 * kTop + kPanel, y1 = top2 + kPanel;
-  svg.Text(kLeft, top2 - 12, "Concurrent sequences held at the same budget", 14);
-  svg.Rect(kLeft, top2, plot_w, kPanel, "none", "#999");
-  double peak = 1;
-  for (const RunResult* r : {&run, &fp16}) {
-    for (const Sample& s : r->samples) peak = std::max<double>(peak, s.running);
-  }
-  int line = 0;
-  for (const RunResult* r : {&run, &fp16}) {
-    std::vector<std::pair<double, double>> points;
-    for (const Sample& s : r->samples) points.push_back({x_of(s.step), y1 - kPanel * s.running / peak});
-    const std::string colour = line == 0 ? "#1f77b4" : "#d62728";
-    svg.Polyline(points, colour, 2);
-    svg.Rect(kW - kRight + 10, top2 + 20 * line, 12, 12, colour);
-    svg.Text(kW - kRight + 28, top2 + 20 * line + 11, absl::StrFormat("%s (mean %.1f)", r->policy, r->mean_running), 11);
-    ++line;
-  }
-  svg.Text(kLeft - 8, top2 + 4, absl::StrFormat("%.0f", peak), 11, "end");
-  svg.Text(kLeft - 8, y1 + 4, "0", 11, "end");
-  svg.Text(kLeft, y1 + 18, "0", 11, "middle");
-  svg.Text(kLeft + plot_w, y1 + 18, absl::StrCat(o.replay.steps), 11, "middle");
-  svg.Text(kLeft + plot_w / 2, y1 + 30, "decode step", 12, "middle");
-  return svg.Save(path);
+// The plot's view of a run.
+PlotRun Plotted(const RunResult& r) {
+  PlotRun p{r.policy, r.samples, r.mean_running, {}};
+  for (const FormatStats& f : r.final_stats.formats) p.formats.push_back(f.name);
+  return p;
 }
 
 std::string Json(const RunResult& run, const RunResult& fp16, double gain, const SimOptions& o) {
@@ -149,7 +98,8 @@ void Usage(FILE* out) {
                "                  add its column (docs/tiers.md). Default: 0 (no such run)\n"
                "  --instances     N engine instances (caches of the budget each) behind a router that sends\n"
                "                  request i to instance i mod N; reports their sum instead, as a table\n"
-               "                  only (not with --json, --plot, --metrics-port). Default: 1\n"
+               "                  only (not with --json, --plot, --metrics-port, --host-tier-mib).\n"
+               "                  Default: 1\n"
                "  --remote        with --instances: also run them sharing this Redis server as a remote tier\n"
                "                  (docs/tiers.md) and add its column\n"
                "  --remote-timeout-ms  Options::remote_timeout_ms of that run. Default: 20\n"
@@ -177,9 +127,10 @@ std::optional<int> RefuseCombinations(const GivenFlags& given, SimOptions* optio
     return refuse("--remote-timeout-ms needs --remote");
   }
   if (given.linger && o.metrics_port == 0) return refuse("--linger needs --metrics-port");
-  if (o.instances > 1 && (given.plot || !o.json_path.empty() || o.metrics_port > 0)) {
-    return refuse("--plot, --json and --metrics-port are for one instance: --instances reports "
-                  "its table alone");
+  if (o.instances > 1 &&
+      (given.plot || !o.json_path.empty() || o.metrics_port > 0 || o.replay.host_tier_mib > 0)) {
+    return refuse("--plot, --json, --metrics-port and --host-tier-mib are for one instance: "
+                  "--instances reports its table alone");
   }
   if (o.instances > 1) o.plot_path.clear();  // the table only
   if (!o.cluster.remote_url.empty()) {  // the URL checked now, not after the first run
@@ -188,6 +139,9 @@ std::optional<int> RefuseCombinations(const GivenFlags& given, SimOptions* optio
     if (absl::Status s = ValidateOptions(remote); !s.ok()) {
       return refuse(absl::StrCat("--remote: ", s.message()));
     }
+  }
+  if (!o.plot_path.empty() && o.plot_path == o.json_path) {
+    return refuse("--plot and --json name the same file: " + o.json_path);
   }
   for (const std::string* path : {&o.plot_path, &o.json_path}) {
     if (path->empty()) continue;
@@ -422,7 +376,9 @@ int RunCluster(const SimOptions& o, const Policy& policy) {
 // The plot and the JSON the options ask for; the exit code (1 when one cannot be written).
 int WriteFiles(const SimOptions& o, const RunResult& run, const RunResult& fp16, double gain) {
   if (!o.plot_path.empty()) {
-    if (absl::Status p = WritePlot(o.plot_path, run, fp16, o); !p.ok()) {
+    if (absl::Status p = WriteSimulatePlot(o.plot_path, Plotted(run), Plotted(fp16), o.replay.steps,
+                                           o.replay.budget_mib);
+        !p.ok()) {
       std::fprintf(stderr, "kvtier simulate: %s\n", p.ToString().c_str());
       return 1;
     }
@@ -449,6 +405,10 @@ int RunSimulate(int argc, char** argv) {
     return 2;
   }
   if (policy->name.empty()) policy->name = o.policy;
+  if (absl::Status s = CheckReplayOptions(*policy, o.replay); !s.ok()) {
+    std::fprintf(stderr, "kvtier simulate: %s\n", s.ToString().c_str());
+    return 2;
+  }
   if (o.instances > 1) return RunCluster(o, *policy);
   std::unique_ptr<prometheus::Exposer> exposer;
   if (o.metrics_port > 0) {

@@ -223,6 +223,14 @@ absl::Status StartRun(const Policy& policy, const Options& options, RunResult* r
 
 }  // namespace
 
+absl::Status CheckReplayOptions(const Policy& policy, const ReplayOptions& o) {
+  ReplayOptions device_only = o;
+  device_only.host_tier_mib = 0;
+  KVTIER_RETURN_IF_ERROR(ValidateOptions(CacheOptions(policy, device_only)));
+  KVTIER_RETURN_IF_ERROR(ValidateOptions(CacheOptions(*PolicyPreset("fp16"), device_only)));
+  return ValidateOptions(CacheOptions(policy, o));
+}
+
 absl::StatusOr<RunResult> ReplayWorkload(const Policy& policy, const ReplayOptions& o,
                                          prometheus::Exposer* exposer) {
   RunResult result;

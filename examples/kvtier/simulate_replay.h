@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "kvtier/adapters/prometheus_exporter.h"
+#include "examples/kvtier/simulate_plot.h"
 #include "examples/kvtier/simulate_workload.h"
 #include "kvtier/cache.h"
 #include "kvtier/policy.h"
@@ -58,15 +59,6 @@ struct ReplayOptions {
   bool progress = true;          // a progress line on stderr
 };
 
-// The cache's state every 10 steps (and at the last step).
-struct Sample {
-  int64_t step = 0;
-  int64_t running = 0;
-  int64_t waiting = 0;
-  std::vector<int64_t> bytes;  // [format], pages of live blocks
-  double bits = 0;
-};
-
 struct RunResult {
   std::string policy;
   std::unique_ptr<Cache> cache;
@@ -90,6 +82,11 @@ struct RunResult {
 // for `seconds`. Errors: the cache's, unchanged.
 absl::StatusOr<RunResult> ReplayWorkload(const Policy& policy, const ReplayOptions& options,
                                          prometheus::Exposer* exposer);
+
+// OK when every cache a run of `policy` under `options` makes can be made: the policy's run,
+// the FP16 run beside it and, with a host tier, the policy's run with it; the options' error
+// otherwise (a budget or host tier past the cache's block limits), before any run.
+absl::Status CheckReplayOptions(const Policy& policy, const ReplayOptions& options);
 
 // A cluster of engine instances behind a router that sends request i to instance i mod N
 // (follow-up turns of a conversation usually land elsewhere), optionally sharing a remote tier.

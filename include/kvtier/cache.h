@@ -87,7 +87,7 @@ struct PoolInfo {
 
 // One block of the prefix index (Cache::IndexedBlocks).
 struct IndexedBlock {
-  uint64_t hash = 0;  // its prefix identity, as KV events publish it (docs/events.md)
+  uint64_t hash = 0;  // its prefix identity; KV events publish it unless kv_events_vllm_hash_seed
   BlockState state = BlockState::kFree;  // kInUse or kCached: device tier; kOffloaded: host tier
   int32_t format = 0;                    // palette index
 };

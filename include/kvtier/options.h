@@ -142,8 +142,9 @@ struct Options {
   // KV events for routers (docs/events.md): vLLM's KVEventBatch (BlockStored, BlockRemoved,
   // AllBlocksCleared, `medium` "GPU" for the device tier and "CPU" for the host tier), one
   // batch per EndStep, published on a ZeroMQ PUB socket at this endpoint by a thread of the
-  // cache; the step never waits for the socket. As vLLM: an endpoint with "*", "::", ipc:// or
-  // inproc:// is bound, any other is connected to. Needs a build with KVTIER_WITH_EVENTS.
+  // cache; the step never waits for the socket. As vLLM: an endpoint with "*", "::" or ipc:// is
+  // bound, any other is connected to; inproc:// is refused (no subscriber could reach it).
+  // Needs a build with KVTIER_WITH_EVENTS.
   // Default: empty (no events, and no cost).
   std::string kv_events_endpoint;
   // A ZeroMQ ROUTER endpoint (bound) that replays buffered batches from a sequence number, as

@@ -26,6 +26,10 @@ constexpr int kRequestsPerTurn = 8;
 // The largest message a replay peer may send: a request's frames are "" and an 8-byte sequence
 // number; a larger one disconnects that peer rather than being buffered.
 constexpr int64_t kMaxRequestBytes = 64;
+// The largest message a subscriber may send the PUB socket: a subscription is a byte and a topic
+// prefix; a larger one disconnects that subscriber rather than being buffered (a 1 GiB
+// subscription was allocated whole, then copied into the subscription tree).
+constexpr int64_t kMaxSubscriptionBytes = 4096;
 // Replay's end marker: -1 as 8 bytes.
 constexpr std::array<unsigned char, 8> kEndSeq = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
 
@@ -45,7 +49,7 @@ uint64_t FromBigEndian(const zmq::message_t& m) {
 // vLLM's rule: bind a wildcard or local transport, connect to anything else.
 bool Binds(const std::string& endpoint) {
   return absl::StrContains(endpoint, "*") || absl::StrContains(endpoint, "::") ||
-         absl::StartsWith(endpoint, "ipc://") || absl::StartsWith(endpoint, "inproc://");
+         absl::StartsWith(endpoint, "ipc://");
 }
 
 // A message whose data is `payload`'s, held until ZeroMQ has sent it (not a copy).
@@ -77,6 +81,7 @@ absl::StatusOr<std::unique_ptr<ZmqEventPublisher>> ZmqEventPublisher::Create(
     // past them it misses the newer ones, which it can replay while they are kept.
     pub.set(zmq::sockopt::sndhwm, options.kv_events_replay_batches);
     pub.set(zmq::sockopt::linger, kLingerMs);
+    pub.set(zmq::sockopt::maxmsgsize, kMaxSubscriptionBytes);
     if (Binds(*endpoint)) {
       pub.bind(*endpoint);
     } else {
