@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace kvtier::adapter_internal {
 
 ViewDType ViewTypeOf(ElementType type) {
@@ -56,6 +58,15 @@ int32_t MaxPages(const FormatPart& part) {
   int32_t m = 0;
   for (int64_t r = 0; r < part.rows(); ++r) m = std::max(m, part.indptr[r + 1] - part.indptr[r]);
   return m;
+}
+
+absl::Status CheckDenseTable(int64_t rows, int64_t columns, absl::string_view what) {
+  constexpr uint64_t kMaxEntries = uint64_t{1} << 28;
+  if (static_cast<uint64_t>(rows) * static_cast<uint64_t>(columns) <= kMaxEntries) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(rows, " rows x ", columns, " columns is over the ",
+                                                 kMaxEntries, " entries ", what, " may hold"));
 }
 
 }  // namespace kvtier::adapter_internal

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kvtier/adapters/partition.h"
 #include "kvtier/adapters/target.h"
 #include "kvtier/adapters/tensor_view.h"
@@ -41,6 +42,11 @@ absl::StatusOr<std::vector<FormatPart>> ReadableParts(AdapterTarget target, cons
 
 // The most pages a row of `part` holds.
 int32_t MaxPages(const FormatPart& part);
+
+// OK when a dense table of `rows` x `columns` entries fits the bound every adapter keeps
+// (2^28 entries: a 1 GiB int32 block table, far above any batch), so that a batch too wide is
+// refused, not allocated; else InvalidArgument naming `what` and both counts.
+absl::Status CheckDenseTable(int64_t rows, int64_t columns, absl::string_view what);
 
 // The prologue of every per-target part builder: one T per part of `tables` that `target` can
 // read, in palette order, with T's format, batch_index and seq_lens (the part's lengths) set;

@@ -31,10 +31,9 @@ absl::Status CheckDenseTarget(AdapterTarget target) {
                                  "FlashAttention-3 and vLLM do)"));
 }
 
-// Bounds on caller counts that size the outputs (far above any batch: 2^24 rows or tokens, a
-// 1 GiB block table), so that a wrong count is refused, not allocated.
+// A bound on caller counts that size the outputs (far above any batch: 2^24 rows or tokens), so
+// that a wrong count is refused, not allocated.
 constexpr int64_t kMaxRows = int64_t{1} << 24;
-constexpr uint64_t kMaxTableEntries = uint64_t{1} << 28;
 
 }  // namespace
 
@@ -52,11 +51,8 @@ absl::StatusOr<std::vector<BlockTablePart>> BuildBlockTableParts(
               " that a sequence holds"));
         }
         t->max_blocks = block_options.max_blocks != 0 ? block_options.max_blocks : needed;
-        if (static_cast<uint64_t>(part.rows()) * t->max_blocks > kMaxTableEntries) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              part.rows(), " rows x max_blocks ", t->max_blocks, " is over the ",
-              kMaxTableEntries, " entries a block table may hold"));
-        }
+        KVTIER_RETURN_IF_ERROR(
+            adapter_internal::CheckDenseTable(part.rows(), t->max_blocks, "a block table"));
         t->block_table.assign(static_cast<size_t>(part.rows()) * t->max_blocks,
                               block_options.pad_value);
         for (int64_t r = 0; r < part.rows(); ++r) {

@@ -25,6 +25,9 @@ absl::StatusOr<std::vector<FlexAttentionPart>> BuildFlexAttentionParts(const Opt
           }
         }
         t->n_pages = static_cast<int64_t>(t->source_pages.size());
+        // [rows, n_pages] twice: quadratic in the batch (PagedAttention's own shape).
+        KVTIER_RETURN_IF_ERROR(adapter_internal::CheckDenseTable(
+            part.rows(), t->n_pages, "FlexAttention's page_table"));
         const size_t cells = static_cast<size_t>(part.rows()) * t->n_pages;
         t->page_table.assign(cells, -1);
         t->physical_to_logical.assign(cells, -1);

@@ -30,6 +30,8 @@ absl::StatusOr<std::vector<TensorRtLlmPart>> BuildTensorRtLlmParts(const Options
         }
         t->bytes_per_block = block;
         t->max_blocks = adapter_internal::MaxPages(part);
+        KVTIER_RETURN_IF_ERROR(adapter_internal::CheckDenseTable(
+            part.rows(), int64_t{2} * t->max_blocks, "TensorRT-LLM's block offsets"));
         t->block_offsets.assign(static_cast<size_t>(part.rows()) * 2 * t->max_blocks, 0);
         for (int64_t r = 0; r < part.rows(); ++r) {
           for (int32_t i = part.indptr[r]; i < part.indptr[r + 1]; ++i) {

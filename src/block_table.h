@@ -35,7 +35,9 @@ struct BlockMeta {
   uint32_t children = 0;       // indexed blocks on the device whose parent this is
   uint16_t num_tokens = 0;     // tokens filled, <= block_tokens
   uint8_t format = 0;          // palette index
-  uint8_t coldest_format = 0;  // strictest sharer's minimum precision (palette index)
+  // The strictest minimum precision (palette index) of its holders; a cached block keeps its
+  // last holders' (an offload keeps it), and the first to take it up again sets its own.
+  uint8_t coldest_format = 0;
   uint8_t priority = 0;        // eviction level once cached
   bool indexed = false;        // in the prefix index
   BlockState state = BlockState::kFree;

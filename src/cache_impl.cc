@@ -87,7 +87,10 @@ void CacheImpl::DropRef(uint32_t block, const Sequence& seq) {
 
 void CacheImpl::Attach(Sequence& seq, uint32_t block) {
   BlockMeta& m = pool_[block];
-  m.coldest_format = std::min<uint8_t>(m.coldest_format, static_cast<uint8_t>(seq.coldest_format));
+  // Its only holder now (a cached block taken up again): the limit of the requests that left
+  // goes with them; else the strictest holder's.
+  const uint8_t limit = static_cast<uint8_t>(seq.coldest_format);
+  m.coldest_format = m.ref_count == 1 ? limit : std::min(m.coldest_format, limit);
   seq.blocks.push_back(block);
 }
 

@@ -464,6 +464,37 @@ TEST(AdaptersTest, HandBuiltTablesAndCountsAreRefusedBeforeUse) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Hand-built tables of 2^17 rows: with a page each, FlexAttention's [rows, n_pages] tables hold
+// 2^34 cells; with one row of 2^14 pages, TensorRT-LLM's [rows, 2, max_blocks] offsets 2^32.
+// Both are refused, as a block table over 2^28 entries is. Was: the allocation (std::bad_alloc
+// or the OOM killer) before any check.
+TEST(AdaptersTest, DenseTablesOfAWideBatchAreRefusedNotAllocated) {
+  const Options o = MixedOptions({"fp16"});
+  constexpr int32_t kRows = 1 << 17;
+  const auto tables = [&](int32_t first_row_pages) {
+    PageTables t;
+    t.per_format.resize(1);
+    FormatPageTable& f = t.per_format[0];
+    f.indptr.push_back(0);
+    for (int32_t r = 0; r < kRows; ++r) {
+      const int32_t pages = r == 0 ? first_row_pages : 1;
+      for (int32_t i = 0; i < pages; ++i) f.indices.push_back(f.indptr.back() + i);
+      f.indptr.push_back(f.indptr.back() + pages);
+      t.seq_lens.push_back(pages * kTokens);
+    }
+    f.last_page_len.assign(kRows, kTokens);
+    return t;
+  };
+  const PageTables one_each = tables(1), lopsided = tables(1 << 14);
+  ASSERT_TRUE(BuildBlockTableParts(AdapterTarget::kVllm, o, one_each).ok());  // 2^17 entries
+  EXPECT_EQ(BuildFlexAttentionParts(o, one_each).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildBlockTableParts(AdapterTarget::kVllm, o, lopsided).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildTensorRtLlmParts(o, lopsided).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(AdaptersTest, TensorRtLlmRefusesDistinctKAndVScales) {
   std::unique_ptr<Cache> cache = MustCreate(MixedOptions({"fp8_e4m3/tensor"}));
   EXPECT_EQ(GetTensorRtLlmLayer(*cache, 0, 0).status().code(),

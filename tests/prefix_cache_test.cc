@@ -191,6 +191,34 @@ TEST(PrefixPrecisionTest, ACachedBlockColderThanTheRequestAllowsIsAMiss) {
   EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
 }
 
+// A strict request (FP16 only) fills a prefix and leaves; a request that allows FP8 takes the
+// prefix up: the blocks follow its limit, Demote and the policy may demote them. Was: the limit
+// of the request that had left stayed on the blocks for good, so that one strict request kept
+// a shared prefix in FP16 for every request after it.
+TEST(PrefixPrecisionTest, AStrictRequestThatLeftNoLongerLimitsItsBlocks) {
+  Options o = SmallOptions();
+  o.palette = {*ParseFormat("fp16"), *ParseFormat("fp8_e4m3/block_head")};
+  auto cache = MustCreate(o);
+  const std::vector<int32_t> prompt = Tokens(40, 3);
+  SequenceOptions strict;
+  strict.coldest_format = 0;
+  const SequenceId s = cache->AddSequence(strict)->id;
+  std::vector<int64_t> slots;
+  ASSERT_TRUE(cache->AppendTokens(s, prompt, &slots).ok());
+  ASSERT_TRUE(cache->Release(s).ok());
+  SequenceOptions any;
+  any.prompt = prompt;
+  const AddResult lenient = *cache->AddSequence(any);
+  ASSERT_EQ(lenient.cached_tokens, 32);
+  const std::vector<BlockId> blocks = *cache->SequenceBlocks(lenient.id);
+  EXPECT_TRUE(cache->Demote({blocks[0]}, 1).ok());
+  // A strict request taking up block 0 again finds it FP8: a miss.
+  SequenceOptions strict_again = strict;
+  strict_again.prompt = Tokens(17, 3);
+  EXPECT_EQ(cache->AddSequence(strict_again)->cached_tokens, 0);
+  EXPECT_TRUE(cache->CheckConsistency().ok()) << cache->CheckConsistency();
+}
+
 TEST_F(PrefixCacheTest, AllocationEvictsColdPrefixesLeafFirst) {
   // One slab: 256 FP16 blocks. Cache 4 chains of 50 blocks, then ask for 100 blocks.
   for (int chain = 0; chain < 4; ++chain) Serve(Tokens(50 * 16, chain * 100000));

@@ -103,13 +103,16 @@ struct SequenceOptions {
   uint64_t extra_key = 0;
   // Per-request minimum precision: the coldest palette index this sequence's blocks may take.
   // A cached block colder than this is a miss, and policies never demote the sequence's blocks
-  // below it. Default: -1, any palette format.
+  // below it (nor an offload, once cached, until another request takes the block up). Default:
+  // -1, any palette format.
   int32_t coldest_format = -1;
   // Eviction priority, 0 to 7, of the blocks this sequence leaves cached when released: blocks
   // of a lower priority are evicted first. Default: 0 (plain LRU).
   int32_t priority = 0;
   // Steps (EndStep calls) after its release for which a block keeps `priority`; then it is
-  // evicted like priority 0, ahead of blocks that are still fresh there. Default: -1 (forever).
+  // evicted like priority 0, ahead of blocks that are still fresh there, once it is the oldest
+  // of its priority (a lapsed block behind one of that priority that has not lapsed, as with a
+  // longer TTL, waits for it). Default: -1 (forever).
   int64_t priority_ttl_steps = -1;
 };
 
@@ -174,9 +177,9 @@ class KVTIER_EXPORT Cache {
   // tail is shared until either sequence appends, which copies it first.
   virtual absl::StatusOr<SequenceId> Fork(SequenceId parent) = 0;
 
-  // Drops `seq` and its references; blocks no other sequence holds are freed. Their pages are
-  // reused only after the backend's fence for this step has passed. NotFound when unknown or
-  // already released.
+  // Drops `seq` and its references; blocks no other sequence holds stay cached when indexed
+  // (evictable prefixes), else are freed. Freed pages are reused only after the backend's fence
+  // for this step has passed. NotFound when unknown or already released.
   virtual absl::Status Release(SequenceId seq) = 0;
   // Release for a sequence whose K/V was not all written (its prefill failed): the blocks it
   // filled and indexed since the last EndStep (not those it matched or inherited through

@@ -121,7 +121,7 @@ struct CacheStats {
   int64_t evicted_blocks = 0;         // cached blocks dropped to make room (either tier)
   int64_t abandoned_blocks = 0;       // blocks Cache::Abandon withdrew from the prefix index
   int64_t evictable_blocks = 0;       // cached blocks that can go now (leaves)
-  int64_t indexed_blocks = 0;         // blocks in the prefix index (in use or cached)
+  int64_t indexed_blocks = 0;         // blocks in the prefix index (in use, cached or offloaded)
   std::string policy;                 // name of the policy in force, empty for none
   bool under_pressure = false;        // the policy's windows are shrunk
   int64_t demotions_under_pressure = 0;  // blocks demoted while under pressure
